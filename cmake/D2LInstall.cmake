@@ -1,0 +1,22 @@
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(D2L_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/d2l_attention")
+
+install(TARGETS d2l_attention EXPORT d2l_attentionTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/d2l DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT d2l_attentionTargets NAMESPACE d2l:: DESTINATION ${D2L_CMAKE_DIR})
+
+configure_package_config_file(cmake/d2l_attentionConfig.cmake.in
+  "${CMAKE_CURRENT_BINARY_DIR}/d2l_attentionConfig.cmake"
+  INSTALL_DESTINATION ${D2L_CMAKE_DIR})
+write_basic_package_version_file(
+  "${CMAKE_CURRENT_BINARY_DIR}/d2l_attentionConfigVersion.cmake"
+  COMPATIBILITY SameMinorVersion)
+install(FILES "${CMAKE_CURRENT_BINARY_DIR}/d2l_attentionConfig.cmake"
+              "${CMAKE_CURRENT_BINARY_DIR}/d2l_attentionConfigVersion.cmake"
+        DESTINATION ${D2L_CMAKE_DIR})

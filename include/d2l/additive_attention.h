@@ -1,0 +1,62 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace d2l {
+
+struct AdditiveAttentionOptions {
+  AdditiveAttentionOptions(int64_t key_size, int64_t query_size, int64_t num_hiddens);
+  /// Feature size of the keys.
+  TORCH_ARG(int64_t, key_size);
+  /// Feature size of the queries.
+  TORCH_ARG(int64_t, query_size);
+  /// Hidden units h of the scoring MLP.
+  TORCH_ARG(int64_t, num_hiddens);
+  /// Probability of zeroing an attention weight during training.
+  TORCH_ARG(double, dropout) = 0.0;
+};
+
+namespace functional {
+/// Additive attention scores w_vᵀ tanh(q_i + k_j) for queries already projected
+/// by W_q, (B, n, h), keys already projected by W_k, (B, m, h), and `w_v` of
+/// shape (1, h) (the weight of the bias-free Linear(h, 1)). Returns (B, n, m).
+torch::Tensor additive_scores(const torch::Tensor& projected_queries,
+                              const torch::Tensor& projected_keys, const torch::Tensor& w_v);
+}  // namespace functional
+
+/// d2l's `AdditiveAttention`: queries (B, n, query_size), keys (B, m, key_size),
+/// values (B, m, v) -> (B, n, v). Parameters are named exactly as in the book's
+/// state_dict: `W_k.weight`, `W_q.weight`, `w_v.weight`.
+class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl> {
+ public:
+  AdditiveAttentionImpl(int64_t key_size, int64_t query_size, int64_t num_hiddens,
+                        double dropout);
+  explicit AdditiveAttentionImpl(const AdditiveAttentionOptions& options_);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
+                        const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+
+  AdditiveAttentionOptions options;
+  torch::nn::Linear W_k{nullptr};
+  torch::nn::Linear W_q{nullptr};
+  torch::nn::Linear w_v{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  /// Weights of the last forward call, (B, n, m), before dropout.
+  torch::Tensor attention_weights;
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
+};
+TORCH_MODULE(AdditiveAttention);
+
+}  // namespace d2l

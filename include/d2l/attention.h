@@ -1,0 +1,8 @@
+#pragma once
+
+// Umbrella header of d2l_attention.
+#include <d2l/additive_attention.h>
+#include <d2l/dot_product_attention.h>
+#include <d2l/heatmap.h>
+#include <d2l/masking.h>
+#include <d2l/version.h>

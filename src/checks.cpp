@@ -1,0 +1,111 @@
+#include "checks.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+namespace d2l::detail {
+
+std::string shape_of(const torch::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
+}
+
+void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim) {
+  TORCH_CHECK(t.defined(), fmt::format("{}: {} must be a defined tensor", fn, name));
+  TORCH_CHECK(t.dim() == dim, fmt::format("{}: {} must be a {}-D tensor, got {}", fn, name, dim,
+                                          shape_of(t)));
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()),
+              fmt::format("{}: {} must have a floating-point dtype, got {}", fn, name,
+                          c10::toString(t.scalar_type())));
+}
+
+void check_same_device(const char* fn, const char* ref_name, const torch::Tensor& ref,
+                       const char* name, const torch::Tensor& other) {
+  TORCH_CHECK(ref.device() == other.device(),
+              fmt::format("{}: {} must be on the same device as {} ({}), got {}", fn, name,
+                          ref_name, ref.device().str(), other.device().str()));
+}
+
+void check_same_dtype(const char* fn, const char* ref_name, const torch::Tensor& ref,
+                      const char* name, const torch::Tensor& other) {
+  TORCH_CHECK(ref.scalar_type() == other.scalar_type(),
+              fmt::format("{}: {} must have the same dtype as {} ({}), got {}", fn, name,
+                          ref_name, c10::toString(ref.scalar_type()),
+                          c10::toString(other.scalar_type())));
+}
+
+namespace {
+
+template <typename T>
+void scan_lengths(const char* fn, const char* name, const torch::Tensor& lens) {
+  const auto contiguous = lens.contiguous();
+  const T* data = contiguous.data_ptr<T>();
+  for (int64_t i = 0, n = contiguous.numel(); i < n; ++i) {
+    const double v = static_cast<double>(data[i]);
+    TORCH_CHECK(std::floor(v) == v && std::isfinite(v),
+                fmt::format("{}: {} must hold whole numbers, got {} at flat index {}", fn, name, v, i));
+    TORCH_CHECK(v >= 0, fmt::format("{}: {} must hold non-negative lengths, got {} at flat index {}",
+                                    fn, name, v, i));
+  }
+}
+
+}  // namespace
+
+void check_length_values(const char* fn, const char* name, const torch::Tensor& lens) {
+  const auto dtype = lens.scalar_type();
+  TORCH_CHECK((at::isIntegralType(dtype, /*includeBool=*/false) || at::isFloatingType(dtype)),
+              fmt::format("{}: {} must have an integer dtype (or a floating-point one holding "
+                          "whole numbers), got {}",
+                          fn, name, c10::toString(dtype)));
+  if (lens.numel() == 0) return;
+  if (lens.device().is_cpu()) {
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "d2l::check_length_values",
+                               [&] { scan_lengths<scalar_t>(fn, name, lens); });
+    return;
+  }
+  // Off the CPU one reduction (and one synchronisation) answers both questions.
+  const auto as_double = lens.to(torch::kDouble);
+  const bool bad = (as_double < 0).logical_or(as_double.floor() != as_double).any().item<bool>();
+  if (bad) scan_lengths<double>(fn, name, as_double.cpu());
+}
+
+void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const char* scores_name,
+                      const torch::Tensor& scores) {
+  if (!valid_lens.defined()) return;
+  const int64_t batch = scores.size(0);
+  const int64_t queries = scores.size(1);
+  const bool shape_ok =
+      (valid_lens.dim() == 1 && valid_lens.size(0) == batch) ||
+      (valid_lens.dim() == 2 && valid_lens.size(0) == batch && valid_lens.size(1) == queries);
+  TORCH_CHECK(shape_ok, fmt::format("{}: valid_lens must have shape [{}] or [{}, {}] for {} {}, "
+                                    "got {}",
+                                    fn, batch, batch, queries, scores_name, shape_of(scores),
+                                    shape_of(valid_lens)));
+  check_same_device(fn, scores_name, scores, "valid_lens", valid_lens);
+  check_length_values(fn, "valid_lens", valid_lens);
+}
+
+
+void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+               const torch::Tensor& values, const torch::Tensor& valid_lens) {
+  check_floating(fn, "queries", queries, 3);
+  check_floating(fn, "keys", keys, 3);
+  check_floating(fn, "values", values, 3);
+  TORCH_CHECK(queries.size(0) == keys.size(0) && keys.size(0) == values.size(0),
+              fmt::format("{}: queries, keys and values must have the same batch size, got "
+                          "queries {}, keys {} and values {}",
+                          fn, shape_of(queries), shape_of(keys), shape_of(values)));
+  TORCH_CHECK(keys.size(1) == values.size(1),
+              fmt::format("{}: keys and values must have the same number of key-value pairs, got "
+                          "keys {} and values {}",
+                          fn, shape_of(keys), shape_of(values)));
+  check_same_device(fn, "queries", queries, "keys", keys);
+  check_same_device(fn, "queries", queries, "values", values);
+  check_same_dtype(fn, "queries", queries, "keys", keys);
+  check_same_dtype(fn, "queries", queries, "values", values);
+  check_valid_lens(fn, valid_lens, "queries", queries);
+}
+
+}  // namespace d2l::detail

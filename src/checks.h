@@ -1,0 +1,41 @@
+#pragma once
+
+// User-facing argument checks shared by the functions and modules. Every
+// message starts with the public function's name and states what was received.
+
+#include <torch/types.h>
+
+#include <string>
+
+namespace d2l::detail {
+
+/// "[2, 1, 3]", or "undefined" for an undefined tensor.
+std::string shape_of(const torch::Tensor& t);
+
+/// `name` must be a defined tensor of rank `dim` with a floating-point dtype.
+void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim);
+
+/// `other` must live on `ref`'s device.
+void check_same_device(const char* fn, const char* ref_name, const torch::Tensor& ref,
+                       const char* name, const torch::Tensor& other);
+
+/// `other` must have `ref`'s dtype.
+void check_same_dtype(const char* fn, const char* ref_name, const torch::Tensor& ref,
+                      const char* name, const torch::Tensor& other);
+
+/// Lengths for scores of shape (batch, queries, keys) held by `scores_name`:
+/// undefined, or 1-D (batch) or 2-D (batch, queries), on the scores' device,
+/// holding whole non-negative numbers (any integer dtype, or floating point
+/// holding whole numbers).
+void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const char* scores_name,
+                      const torch::Tensor& scores);
+
+/// The values of a lengths tensor: numeric, whole and non-negative.
+void check_length_values(const char* fn, const char* name, const torch::Tensor& lens);
+
+/// Shapes common to every attention scorer: queries (B, n, *), keys (B, m, *),
+/// values (B, m, v), valid_lens (B) or (B, n); one dtype and one device.
+void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+               const torch::Tensor& values, const torch::Tensor& valid_lens);
+
+}  // namespace d2l::detail

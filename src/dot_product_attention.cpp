@@ -1,0 +1,62 @@
+#include <d2l/dot_product_attention.h>
+
+#include <torch/nn/functional/dropout.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "checks.h"
+#include "internal.h"
+
+namespace d2l {
+namespace functional {
+
+std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens, double dropout, bool training) {
+  constexpr const char* fn = "d2l::dot_product_attention";
+  detail::check_qkv(fn, queries, keys, values, valid_lens);
+  TORCH_CHECK(queries.size(2) == keys.size(2),
+              fmt::format("{}: queries and keys must have the same feature size, got queries {} "
+                          "and keys {}",
+                          fn, detail::shape_of(queries), detail::shape_of(keys)));
+  const auto d = static_cast<double>(queries.size(-1));
+  const auto scores = torch::bmm(queries, keys.transpose(1, 2)) / std::sqrt(d);
+  auto weights = detail::masked_softmax_nocheck(scores, valid_lens);
+  auto dropped = torch::nn::functional::detail::dropout(weights, dropout, training, false);
+  return {torch::bmm(dropped, values), std::move(weights)};
+}
+
+}  // namespace functional
+
+DotProductAttentionImpl::DotProductAttentionImpl(double dropout)
+    : DotProductAttentionImpl(DotProductAttentionOptions().dropout(dropout)) {}
+
+DotProductAttentionImpl::DotProductAttentionImpl(const DotProductAttentionOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void DotProductAttentionImpl::reset() {
+  TORCH_CHECK(options.dropout() >= 0 && options.dropout() <= 1,
+              fmt::format("d2l::DotProductAttention: dropout must be a probability in [0, 1], got {}",
+                          options.dropout()));
+  dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
+}
+
+void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << fmt::format("d2l::DotProductAttention(dropout={})", options.dropout());
+}
+
+torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
+                                               const torch::Tensor& keys,
+                                               const torch::Tensor& values,
+                                               const torch::Tensor& valid_lens) {
+  auto [output, weights] = functional::dot_product_attention(
+      queries, keys, values, valid_lens, options.dropout(), is_training());
+  attention_weights = std::move(weights);
+  return output;
+}
+
+}  // namespace d2l
