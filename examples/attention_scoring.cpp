@@ -8,7 +8,8 @@
 #include <d2l/attention.h>
 #include <torch/torch.h>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstring>
 #include <filesystem>
@@ -17,20 +18,19 @@
 
 namespace {
 
-// PyTorch-style nested brackets, four decimals: [[0.4, 0.6], ...].
-std::string format_tensor(const torch::Tensor& t) {
-  const auto x = t.detach().to(torch::kCPU, torch::kDouble).contiguous();
+// PyTorch-style nested brackets, four decimals: [[0.4000, 0.6000], ...].
+std::string format_tensor(const torch::Tensor& x, int depth = 0) {
   if (x.dim() == 0) return fmt::format("{:.4f}", x.item<double>());
   std::string out = "[";
   for (int64_t i = 0; i < x.size(0); ++i) {
-    if (i > 0) out += x.dim() > 1 ? fmt::format(",\n{:>{}}", "", 1 + 0) : ", ";
-    out += format_tensor(x[i]);
+    if (i > 0) out += x.dim() > 1 ? fmt::format(",\n{:{}}", "", depth + 1) : ", ";
+    out += format_tensor(x[i], depth + 1);
   }
   return out + "]";
 }
 
 void show(const std::string& title, const torch::Tensor& t) {
-  fmt::print("{} {}\n{}\n\n", title, fmt::join(t.sizes(), "x"), format_tensor(t));
+  fmt::print("{} {}\n{}\n\n", title, fmt::join(t.sizes(), "x"), format_tensor(t.detach().to(torch::kCPU, torch::kDouble)));
 }
 
 struct Args {

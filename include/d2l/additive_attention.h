@@ -2,6 +2,7 @@
 
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/common.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>

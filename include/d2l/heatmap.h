@@ -12,6 +12,8 @@ namespace d2l {
 /// How `show_heatmaps` draws a grid of matrices; defaults follow the book's
 /// `d2l.show_heatmaps(matrices, xlabel, ylabel, titles=None, figsize=(2.5, 2.5), cmap='Reds')`.
 struct HeatmapOptions {
+  using Size = std::pair<double, double>;
+
   /// Label under the bottom row of panels.
   TORCH_ARG(std::string, xlabel) = "";
   /// Label left of the first column of panels.
@@ -19,7 +21,7 @@ struct HeatmapOptions {
   /// One title per column of panels (empty: no titles).
   TORCH_ARG(std::vector<std::string>, titles) = {};
   /// Size of one panel in inches (width, height); 1 inch = 72 SVG user units.
-  TORCH_ARG(std::pair<double, double>, figsize) = std::make_pair(2.5, 2.5);
+  TORCH_ARG(Size, figsize) = Size(2.5, 2.5);
   /// Colour map: "Reds", "Blues", "Greens", "Greys" or "viridis".
   TORCH_ARG(std::string, cmap) = "Reds";
 };
