@@ -1,0 +1,93 @@
+#pragma once
+
+// Helpers shared by the test files: error-message capture, independent
+// double-precision references, and finite-difference gradient checks.
+
+#include <c10/util/Exception.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace d2l::testing {
+
+/// Runs `fn`, which must throw c10::Error; returns the message without backtrace.
+template <typename Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected c10::Error, got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected c10::Error, nothing was thrown";
+  return {};
+}
+
+/// Masked softmax computed one row at a time in double, independently of the
+/// library: `lens` may be undefined, (B) or (B, n).
+inline torch::Tensor reference_masked_softmax(const torch::Tensor& X, const torch::Tensor& lens) {
+  const auto x = X.detach().to(torch::kDouble).contiguous();
+  auto out = torch::zeros_like(x);
+  const int64_t B = x.size(0), n = x.size(1), m = x.size(2);
+  auto xa = x.accessor<double, 3>();
+  auto oa = out.accessor<double, 3>();
+  const auto l = lens.defined() ? lens.to(torch::kLong).cpu() : torch::Tensor();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t valid = m;
+      if (l.defined()) valid = std::min<int64_t>(m, l.dim() == 1 ? l[b].item<int64_t>()
+                                                                 : l[b][i].item<int64_t>());
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, xa[b][i][j]);
+      double sum = 0;
+      for (int64_t j = 0; j < valid; ++j) sum += std::exp(xa[b][i][j] - mx);
+      for (int64_t j = 0; j < valid; ++j) oa[b][i][j] = std::exp(xa[b][i][j] - mx) / sum;
+    }
+  }
+  return out;
+}
+
+/// Compares the autograd gradient of sum(f(inputs) * G) with central
+/// differences, for every element of every input (float64 inputs only).
+inline void expect_gradients_match_finite_differences(
+    const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& f,
+    std::vector<torch::Tensor> inputs, double eps = 1e-6, double tol = 1e-6) {
+  for (auto& t : inputs) t = t.detach().clone().set_requires_grad(true);
+  const auto out = f(inputs);
+  const auto G = torch::randn_like(out);
+  (out * G).sum().backward();
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    auto x = inputs[k];
+    auto flat = x.view(-1);
+    ASSERT_TRUE(x.grad().defined()) << "input " << k << " got no gradient";
+    const auto analytic = x.grad().reshape(-1);
+    for (int64_t e = 0; e < flat.numel(); ++e) {
+      const double saved = flat[e].item<double>();
+      flat[e] = saved + eps;
+      const double plus = (f(inputs) * G).sum().item<double>();
+      flat[e] = saved - eps;
+      const double minus = (f(inputs) * G).sum().item<double>();
+      flat[e] = saved;
+      const double numeric = (plus - minus) / (2 * eps);
+      EXPECT_NEAR(analytic[e].item<double>(), numeric, tol * std::max(1.0, std::abs(numeric)))
+          << "input " << k << ", element " << e;
+    }
+  }
+}
+
+/// Largest |a - b| / max(|b|, 1) over all elements, in double.
+inline double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto x = a.detach().to(torch::kCPU, torch::kDouble);
+  const auto y = b.detach().to(torch::kCPU, torch::kDouble);
+  if (x.numel() == 0) return 0;
+  return ((x - y).abs() / y.abs().clamp_min(1)).max().item<double>();
+}
+
+}  // namespace d2l::testing
