@@ -78,7 +78,8 @@ class Seq2SeqDecoderImpl : public torch::nn::Cloneable<Seq2SeqDecoderImpl>, publ
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// The book's `enc_outputs[1]`: the encoder's final hidden state.
+  /// The book's `enc_outputs[1]`: the encoder's final hidden state. This
+  /// decoder does not attend, so `enc_valid_lens` is ignored, as in the book.
   DecoderState init_state(const EncoderOutput& enc_outputs,
                           const torch::Tensor& enc_valid_lens = {}) override;
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
