@@ -53,6 +53,9 @@ torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
                                       const torch::Tensor& w_v,
                                       int64_t chunk_bytes = int64_t{64} << 20);
 
+/// Dropout of attention weights; no dispatcher call when it is the identity.
+torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training);
+
 /// Whether `impl` runs the fused CPU kernels for tensors on `device`; throws
 /// (naming `fn`) for kFused off the CPU.
 bool use_fused(const char* fn, Impl impl, const c10::Device& device);

@@ -39,7 +39,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
     torch::Tensor kT, out = torch::empty({q.size(0), q.size(1), m}, q.options());
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
       const auto& kernels = cpu::kernels<scalar_t>();
-      kT = transposed_keys(keys.to(q.scalar_type()), kernels.vector_size);
+      kT = transposed_keys(as_dtype(keys, q.scalar_type()), kernels.vector_size);
       kernels.additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(),
                                w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                                shape_of(q, kT, m), row_lengths(lens, q.size(1)), softmax);
@@ -47,7 +47,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
     ctx->save_for_backward({q, kT, w, out, lens});
     ctx->saved_data["softmax"] = softmax;
     ctx->saved_data["m"] = m;
-    return out.to(queries.scalar_type());
+    return as_dtype(out, queries.scalar_type());
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -58,7 +58,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
     const auto &q = saved[0], &kT = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
     const bool softmax = ctx->saved_data["softmax"].toBool();
     const int64_t m = ctx->saved_data["m"].toInt();
-    const auto dout = grads[0].to(q.scalar_type()).contiguous();
+    const auto dout = as_dtype(grads[0], q.scalar_type()).contiguous();
     auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
       cpu::kernels<scalar_t>().additive_backward(
@@ -68,8 +68,8 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
           row_lengths(lens, q.size(1)), softmax);
     });
     const auto dtype = grads[0].scalar_type();
-    return {dq.to(dtype), dkT.narrow(2, 0, m).transpose(1, 2).to(dtype), dw.to(dtype),
-            torch::Tensor(), torch::Tensor()};
+    return {as_dtype(dq, dtype), as_dtype(dkT.narrow(2, 0, m).transpose(1, 2), dtype),
+            as_dtype(dw, dtype), torch::Tensor(), torch::Tensor()};
   }
 };
 
