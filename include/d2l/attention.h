@@ -5,5 +5,6 @@
 #include <d2l/dot_product_attention.h>
 #include <d2l/heatmap.h>
 #include <d2l/masking.h>
+#include <d2l/multi_head_attention.h>
 #include <d2l/nadaraya_watson.h>
 #include <d2l/version.h>
