@@ -7,4 +7,5 @@
 #include <d2l/masking.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/nadaraya_watson.h>
+#include <d2l/plot.h>
 #include <d2l/version.h>
