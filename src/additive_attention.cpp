@@ -12,7 +12,8 @@ namespace d2l {
 namespace functional {
 
 torch::Tensor additive_scores(const torch::Tensor& projected_queries,
-                              const torch::Tensor& projected_keys, const torch::Tensor& w_v) {
+                              const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                              Impl impl) {
   constexpr const char* fn = "d2l::additive_scores";
   detail::check_floating(fn, "projected_queries", projected_queries, 3);
   detail::check_floating(fn, "projected_keys", projected_keys, 3);
@@ -27,19 +28,46 @@ torch::Tensor additive_scores(const torch::Tensor& projected_queries,
   detail::check_same_device(fn, "projected_queries", projected_queries, "projected_keys",
                             projected_keys);
   detail::check_same_device(fn, "projected_queries", projected_queries, "w_v", w_v);
-  return detail::additive_scores_nocheck(projected_queries, projected_keys, w_v);
+  detail::check_same_dtype(fn, "projected_queries", projected_queries, "projected_keys",
+                           projected_keys);
+  detail::check_same_dtype(fn, "projected_queries", projected_queries, "w_v", w_v);
+  return detail::additive_scores_nocheck(projected_queries, projected_keys, w_v, impl);
 }
 
 }  // namespace functional
 
 namespace detail {
 
-torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v) {
-  // The book's formulation: (B, n, 1, h) + (B, 1, m, h), tanh, then w_v.
+namespace {
+
+// The book's formulation: (B, n, 1, h) + (B, 1, m, h), tanh, then w_v.
+torch::Tensor composite_scores(const torch::Tensor& projected_queries,
+                               const torch::Tensor& projected_keys, const torch::Tensor& w_v) {
   const auto features = torch::tanh(projected_queries.unsqueeze(2) + projected_keys.unsqueeze(1));
   return torch::nn::functional::linear(features, w_v).squeeze(-1);
+}
+
+}  // namespace
+
+torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v, Impl impl) {
+  if (use_fused("d2l::additive_scores", impl, projected_queries.device())) {
+    return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
+  }
+  if (impl == Impl::kComposite) return composite_scores(projected_queries, projected_keys, w_v);
+  return chunked_additive_scores(projected_queries, projected_keys, w_v);
+}
+
+torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
+                                       const torch::Tensor& projected_keys,
+                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+                                       Impl impl) {
+  if (use_fused("d2l::AdditiveAttention", impl, projected_queries.device())) {
+    return fused_additive(projected_queries, projected_keys, w_v, valid_lens, /*softmax=*/true);
+  }
+  const auto scores = additive_scores_nocheck(projected_queries, projected_keys, w_v, impl);
+  return composite_masked_softmax(scores, valid_lens);
 }
 
 }  // namespace detail
@@ -100,10 +128,14 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
   detail::check_same_device(fn, "W_q.weight", W_q->weight, "queries", queries);
   detail::check_same_dtype(fn, "W_q.weight", W_q->weight, "queries", queries);
 
-  const auto scores =
-      detail::additive_scores_nocheck(W_q(queries), W_k(keys), w_v->weight);
-  attention_weights = detail::masked_softmax_nocheck(scores, valid_lens);
-  return torch::bmm(dropout(attention_weights), values);
+  auto weights = detail::additive_weights_nocheck(W_q(queries), W_k(keys), w_v->weight,
+                                                  valid_lens, options.impl());
+  auto output = torch::bmm(dropout(weights), values);
+  if (options.record_attention_weights()) {
+    std::lock_guard<std::mutex> lock(*record_mutex_);
+    attention_weights = std::move(weights);
+  }
+  return output;
 }
 
 }  // namespace d2l

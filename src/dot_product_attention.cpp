@@ -14,16 +14,19 @@ namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, double dropout, bool training) {
+    const torch::Tensor& valid_lens, double dropout, bool training, Impl impl) {
   constexpr const char* fn = "d2l::dot_product_attention";
   detail::check_qkv(fn, queries, keys, values, valid_lens);
   TORCH_CHECK(queries.size(2) == keys.size(2),
               fmt::format("{}: queries and keys must have the same feature size, got queries {} "
                           "and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
-  const auto d = static_cast<double>(queries.size(-1));
-  const auto scores = torch::bmm(queries, keys.transpose(1, 2)) / std::sqrt(d);
-  auto weights = detail::masked_softmax_nocheck(scores, valid_lens);
+  const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
+  const auto qk = torch::bmm(queries, keys.transpose(1, 2));
+  // The fused kernel folds the 1/sqrt(d) scaling into its exponentials.
+  auto weights = detail::use_fused(fn, impl, queries.device())
+                     ? detail::fused_masked_softmax(qk, valid_lens, 1.0 / sqrt_d)
+                     : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
   auto dropped = torch::nn::functional::detail::dropout(weights, dropout, training, false);
   return {torch::bmm(dropped, values), std::move(weights)};
 }
@@ -54,8 +57,11 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& values,
                                                const torch::Tensor& valid_lens) {
   auto [output, weights] = functional::dot_product_attention(
-      queries, keys, values, valid_lens, options.dropout(), is_training());
-  attention_weights = std::move(weights);
+      queries, keys, values, valid_lens, options.dropout(), is_training(), options.impl());
+  if (options.record_attention_weights()) {
+    std::lock_guard<std::mutex> lock(*record_mutex_);
+    attention_weights = std::move(weights);
+  }
   return output;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <d2l/backend.h>
 #include <torch/types.h>
 
 namespace d2l::detail {
@@ -15,8 +16,14 @@ torch::Tensor softmax_last_dim(const torch::Tensor& X);
 /// have already checked them.
 torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens);
 
-/// d2l::masked_softmax without the argument checks.
-torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor& valid_lens);
+/// d2l::masked_softmax without the argument checks, by the implementation
+/// `impl` asks for.
+torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor& valid_lens,
+                                     Impl impl = Impl::kAuto);
+
+/// The fused CPU masked softmax of softmax(scale * X) (autograd-aware).
+torch::Tensor fused_masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens,
+                                   double scale = 1.0);
 
 }  // namespace d2l::detail
 
@@ -25,6 +32,27 @@ namespace d2l::detail {
 /// functional::additive_scores without the argument checks.
 torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
                                       const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v, Impl impl = Impl::kAuto);
+
+/// Masked softmax of the additive scores, by the implementation `impl` asks for.
+torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
+                                       const torch::Tensor& projected_keys,
+                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+                                       Impl impl = Impl::kAuto);
+
+/// The fused CPU additive kernel: scores, or with `softmax` their masked softmax.
+torch::Tensor fused_additive(const torch::Tensor& projected_queries,
+                             const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                             const torch::Tensor& valid_lens, bool softmax);
+
+/// Additive scores by blocks of queries with ATen ops (any device), backward
+/// recomputing tanh: memory stays bounded by a block's features.
+torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
                                       const torch::Tensor& w_v);
+
+/// Whether `impl` runs the fused CPU kernels for tensors on `device`; throws
+/// (naming `fn`) for kFused off the CPU.
+bool use_fused(const char* fn, Impl impl, const c10::Device& device);
 
 }  // namespace d2l::detail

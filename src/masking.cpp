@@ -54,21 +54,30 @@ torch::Tensor sequence_mask(const torch::Tensor& X, const torch::Tensor& valid_l
   return X.masked_fill(mask.view(view).logical_not(), value);
 }
 
+namespace {
+
+void check_masked_softmax_args(const char* fn, const torch::Tensor& X,
+                               const torch::Tensor& valid_lens) {
+  if (valid_lens.defined()) {
+    detail::check_floating(fn, "X", X, 3);
+    detail::check_valid_lens(fn, valid_lens, "X", X);
+    return;
+  }
+  TORCH_CHECK(X.defined() && X.dim() >= 1,
+              fmt::format("{}: X must be a tensor of at least 1 dimension, got {}", fn,
+                          detail::shape_of(X)));
+  TORCH_CHECK(at::isFloatingType(X.scalar_type()),
+              fmt::format("{}: X must have a floating-point dtype, got {}", fn,
+                          c10::toString(X.scalar_type())));
+}
+
+}  // namespace
+
 namespace composite {
 
 torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens) {
-  constexpr const char* fn = "d2l::masked_softmax";
-  if (!valid_lens.defined()) {
-    TORCH_CHECK(X.defined() && X.dim() >= 1,
-                fmt::format("{}: X must be a tensor of at least 1 dimension, got {}", fn,
-                            detail::shape_of(X)));
-    TORCH_CHECK(at::isFloatingType(X.scalar_type()),
-                fmt::format("{}: X must have a floating-point dtype, got {}", fn,
-                            c10::toString(X.scalar_type())));
-    return detail::softmax_last_dim(X);
-  }
-  detail::check_floating(fn, "X", X, 3);
-  detail::check_valid_lens(fn, valid_lens, "X", X);
+  // Same messages as d2l::masked_softmax: the composite path is its reference.
+  check_masked_softmax_args("d2l::masked_softmax", X, valid_lens);
   return detail::composite_masked_softmax(X, valid_lens);
 }
 
@@ -92,13 +101,33 @@ torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tens
 
 }  // namespace detail
 
-torch::Tensor detail::masked_softmax_nocheck(const torch::Tensor& X,
-                                             const torch::Tensor& valid_lens) {
-  return composite_masked_softmax(X, valid_lens);
+bool detail::use_fused(const char* fn, Impl impl, const c10::Device& device) {
+  TORCH_CHECK(impl != Impl::kFused || device.is_cpu(),
+              fmt::format("{}: Impl::kFused runs on the CPU, got tensors on {}; use Impl::kAuto "
+                          "to pick a path for the device",
+                          fn, device.str()));
+  return impl != Impl::kComposite && device.is_cpu();
 }
 
-torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens) {
-  return composite::masked_softmax(X, valid_lens);
+torch::Tensor detail::masked_softmax_nocheck(const torch::Tensor& X,
+                                             const torch::Tensor& valid_lens, Impl impl) {
+  return use_fused("d2l::masked_softmax", impl, X.device()) ? fused_masked_softmax(X, valid_lens)
+                                                            : composite_masked_softmax(X, valid_lens);
 }
+
+
+torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens) {
+  check_masked_softmax_args("d2l::masked_softmax", X, valid_lens);
+  return detail::masked_softmax_nocheck(X, valid_lens);
+}
+
+namespace fused {
+
+torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens) {
+  check_masked_softmax_args("d2l::fused::masked_softmax", X, valid_lens);
+  return detail::fused_masked_softmax(X, valid_lens);
+}
+
+}  // namespace fused
 
 }  // namespace d2l

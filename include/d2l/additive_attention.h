@@ -8,6 +8,11 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <d2l/backend.h>
+
+#include <memory>
+#include <mutex>
+
 #include <cstdint>
 
 namespace d2l {
@@ -22,14 +27,23 @@ struct AdditiveAttentionOptions {
   TORCH_ARG(int64_t, num_hiddens);
   /// Probability of zeroing an attention weight during training.
   TORCH_ARG(double, dropout) = 0.0;
+  /// Fused CPU kernel, the book's composite ops, or the best for the device
+  /// (on CUDA: scores by blocks of queries, so memory stays bounded).
+  TORCH_ARG(Impl, impl) = Impl::kAuto;
+  /// Keep each forward's weights in `attention_weights` (as the book does);
+  /// turn off in inference servers to save the memory and the lock.
+  TORCH_ARG(bool, record_attention_weights) = true;
 };
 
 namespace functional {
 /// Additive attention scores w_vᵀ tanh(q_i + k_j) for queries already projected
 /// by W_q, (B, n, h), keys already projected by W_k, (B, m, h), and `w_v` of
 /// shape (1, h) (the weight of the bias-free Linear(h, 1)). Returns (B, n, m).
+/// No path but kComposite holds the (B, n, m, h) features: the fused CPU kernel
+/// and the chunked path (other devices) recompute tanh in backward.
 torch::Tensor additive_scores(const torch::Tensor& projected_queries,
-                              const torch::Tensor& projected_keys, const torch::Tensor& w_v);
+                              const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                              Impl impl = Impl::kAuto);
 }  // namespace functional
 
 /// d2l's `AdditiveAttention`: queries (B, n, query_size), keys (B, m, key_size),
@@ -52,11 +66,16 @@ class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl>
   torch::nn::Linear W_q{nullptr};
   torch::nn::Linear w_v{nullptr};
   torch::nn::Dropout dropout{nullptr};
-  /// Weights of the last forward call, (B, n, m), before dropout.
+  /// Weights of the last forward call, (B, n, m), before dropout. Concurrent
+  /// forward calls are safe: each stores its weights under a lock, and the
+  /// member holds one of them afterwards; read it only when no forward runs.
   torch::Tensor attention_weights;
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
+
+ private:
+  std::shared_ptr<std::mutex> record_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(AdditiveAttention);
 

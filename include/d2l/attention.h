@@ -4,6 +4,7 @@
 #include <d2l/additive_attention.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/heatmap.h>
+#include <d2l/backend.h>
 #include <d2l/masking.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/nadaraya_watson.h>

@@ -7,6 +7,11 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <d2l/backend.h>
+
+#include <memory>
+#include <mutex>
+
 #include <tuple>
 
 namespace d2l {
@@ -14,6 +19,11 @@ namespace d2l {
 struct DotProductAttentionOptions {
   /// Probability of zeroing an attention weight during training.
   TORCH_ARG(double, dropout) = 0.0;
+  /// Fused CPU kernel, the book's composite ops, or the best for the device.
+  TORCH_ARG(Impl, impl) = Impl::kAuto;
+  /// Keep each forward's weights in `attention_weights` (as the book does);
+  /// turn off in inference servers to save the memory and the lock.
+  TORCH_ARG(bool, record_attention_weights) = true;
 };
 
 namespace functional {
@@ -22,7 +32,8 @@ namespace functional {
 /// the weights are those before dropout, as the book stores them.
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false);
+    const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
+    Impl impl = Impl::kAuto);
 }  // namespace functional
 
 /// d2l's `DotProductAttention`: queries (B, n, d), keys (B, m, d), values (B, m, v)
@@ -40,11 +51,16 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
 
   DotProductAttentionOptions options;
   torch::nn::Dropout dropout{nullptr};
-  /// Weights of the last forward call, (B, n, m), before dropout.
+  /// Weights of the last forward call, (B, n, m), before dropout. Concurrent
+  /// forward calls are safe: each stores its weights under a lock, and the
+  /// member holds one of them afterwards; read it only when no forward runs.
   torch::Tensor attention_weights;
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
+
+ private:
+  std::shared_ptr<std::mutex> record_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(DotProductAttention);
 

@@ -9,19 +9,25 @@
 
 namespace d2l {
 
+/// (width, height) in inches. A name of its own because TORCH_ARG is a macro
+/// and would split `std::pair<double, double>` at its comma.
+using Figsize = std::pair<double, double>;
+
 /// How `show_heatmaps` draws a grid of matrices; defaults follow the book's
 /// `d2l.show_heatmaps(matrices, xlabel, ylabel, titles=None, figsize=(2.5, 2.5), cmap='Reds')`.
 struct HeatmapOptions {
-  using Size = std::pair<double, double>;
-
   /// Label under the bottom row of panels.
   TORCH_ARG(std::string, xlabel) = "";
   /// Label left of the first column of panels.
   TORCH_ARG(std::string, ylabel) = "";
   /// One title per column of panels (empty: no titles).
   TORCH_ARG(std::vector<std::string>, titles) = {};
-  /// Size of one panel in inches (width, height); 1 inch = 72 SVG user units.
-  TORCH_ARG(Size, figsize) = Size(2.5, 2.5);
+  /// Box of one panel's cells in inches (width, height); 1 inch = 72 SVG user
+  /// units. Cells are square, as matplotlib's imshow draws them, so the panel
+  /// fills the box along one side only; matrices more than five times wider
+  /// than tall (or taller than wide) get stretched cells instead of a panel
+  /// thinner than a fifth of the box.
+  TORCH_ARG(Figsize, figsize) = std::make_pair(2.5, 2.5);
   /// Colour map: "Reds", "Blues", "Greens", "Greys" or "viridis".
   TORCH_ARG(std::string, cmap) = "Reds";
 };

@@ -18,6 +18,7 @@ torch::Tensor sequence_mask(const torch::Tensor& X, const torch::Tensor& valid_l
 /// Differs from the book in one respect: a row with valid length 0 gets all-zero
 /// weights, not the uniform weights that the book's -1e6 fill produces.
 /// Masked scores never reach the result, even when they are inf or NaN.
+/// Runs the fused kernel for CPU tensors and the composite path elsewhere.
 torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens = {});
 
 namespace composite {
@@ -25,5 +26,12 @@ namespace composite {
 /// for the fused kernels. Same contract as d2l::masked_softmax.
 torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens = {});
 }  // namespace composite
+
+namespace fused {
+/// The fused CPU kernel (vectorised, parallel over rows, autograd-aware; float16
+/// and bfloat16 computed in float). Same contract as d2l::masked_softmax, which
+/// uses it for CPU tensors; throws c10::Error for tensors on another device.
+torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens = {});
+}  // namespace fused
 
 }  // namespace d2l

@@ -1,0 +1,144 @@
+// Additive attention scores that never hold the (B, n, m, h) tensor:
+// - AdditiveFunction: the fused CPU kernel (optionally with the masked
+//   softmax folded in), backward recomputing tanh;
+// - ChunkedAdditiveFunction: ATen ops over blocks of queries, for any device,
+//   so CUDA memory stays bounded too.
+
+#include <torch/autograd.h>
+
+#include <fmt/format.h>
+
+#include "autograd/common.h"
+#include "internal.h"
+
+namespace d2l::detail {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+cpu::AdditiveShape shape_of(const torch::Tensor& q, const torch::Tensor& kT, int64_t m) {
+  return {q.size(0), q.size(1), m, q.size(2), kT.size(2)};
+}
+
+// Keys as (B, h, m_pad), zero-padded to whole vectors (see cpu::AdditiveShape).
+torch::Tensor transposed_keys(const torch::Tensor& k, int64_t vector_size) {
+  const int64_t m = k.size(1);
+  const int64_t m_pad = (m + vector_size - 1) / vector_size * vector_size;
+  auto kT = torch::zeros({k.size(0), k.size(2), m_pad}, k.options());
+  kT.narrow(2, 0, m).copy_(k.transpose(1, 2));
+  return kT;
+}
+
+struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& queries,
+                               const torch::Tensor& keys, const torch::Tensor& w_v,
+                               const torch::Tensor& lens, bool softmax) {
+    const auto q = compute_type(queries), w = compute_type(w_v);
+    const int64_t m = keys.size(1);
+    torch::Tensor kT, out = torch::empty({q.size(0), q.size(1), m}, q.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
+      const auto& kernels = cpu::kernels<scalar_t>();
+      kT = transposed_keys(keys.to(q.scalar_type()), kernels.vector_size);
+      kernels.additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(),
+                               w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                               shape_of(q, kT, m), row_lengths(lens, q.size(1)), softmax);
+    });
+    ctx->save_for_backward({q, kT, w, out, lens});
+    ctx->saved_data["softmax"] = softmax;
+    ctx->saved_data["m"] = m;
+    return out.to(queries.scalar_type());
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
+                "Impl::kComposite when you need create_graph=true");
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &kT = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
+    const bool softmax = ctx->saved_data["softmax"].toBool();
+    const int64_t m = ctx->saved_data["m"].toInt();
+    const auto dout = grads[0].to(q.scalar_type()).contiguous();
+    auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
+      cpu::kernels<scalar_t>().additive_backward(
+          q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+          out.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
+          dkT.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), shape_of(q, kT, m),
+          row_lengths(lens, q.size(1)), softmax);
+    });
+    const auto dtype = grads[0].scalar_type();
+    return {dq.to(dtype), dkT.narrow(2, 0, m).transpose(1, 2).to(dtype), dw.to(dtype),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Queries per block so that one block's (B, c, m, h) features stay near this size.
+constexpr int64_t kChunkBytes = int64_t{64} << 20;
+
+int64_t chunk_queries(const torch::Tensor& q, const torch::Tensor& k) {
+  const int64_t per_query = q.size(0) * k.size(1) * q.size(2) * q.element_size();
+  return std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, per_query));
+}
+
+torch::Tensor chunk_features(const torch::Tensor& q, const torch::Tensor& k, int64_t i0,
+                             int64_t c) {
+  return torch::tanh(q.narrow(1, i0, c).unsqueeze(2) + k.unsqueeze(1));
+}
+
+struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& w_v) {
+    auto scores = torch::empty({q.size(0), q.size(1), k.size(1)}, q.options());
+    const int64_t step = chunk_queries(q, k);
+    for (int64_t i0 = 0; i0 < q.size(1); i0 += step) {
+      const int64_t c = std::min(step, q.size(1) - i0);
+      scores.narrow(1, i0, c).copy_(torch::matmul(chunk_features(q, k, i0, c), w_v.t()).squeeze(-1));
+    }
+    ctx->save_for_backward({q, k, w_v});
+    return scores;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "d2l::additive_scores: the chunked path has no double backward; use "
+                "Impl::kComposite when you need create_graph=true");
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &w = saved[2];
+    const auto& ds = grads[0];
+    auto dq = torch::empty_like(q), dk = torch::zeros_like(k), dw = torch::zeros_like(w);
+    const int64_t step = chunk_queries(q, k);
+    for (int64_t i0 = 0; i0 < q.size(1); i0 += step) {
+      const int64_t c = std::min(step, q.size(1) - i0);
+      const auto t = chunk_features(q, k, i0, c);
+      const auto g = ds.narrow(1, i0, c).unsqueeze(-1);
+      dw += (g * t).sum({0, 1, 2}).unsqueeze(0);
+      const auto u = g * w.view({1, 1, 1, -1}) * (1 - t * t);
+      dq.narrow(1, i0, c).copy_(u.sum(2));
+      dk += u.sum(1);
+    }
+    return {dq, dk, dw};
+  }
+};
+
+}  // namespace
+
+torch::Tensor fused_additive(const torch::Tensor& projected_queries,
+                             const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                             const torch::Tensor& valid_lens, bool softmax) {
+  TORCH_CHECK(projected_queries.device().is_cpu(),
+              fmt::format("d2l::additive_attention: the fused kernel runs on the CPU, got "
+                          "tensors on {}; use Impl::kAuto to pick a path for the device",
+                          projected_queries.device().str()));
+  const auto lens = lengths_arg(valid_lens);
+  return AdditiveFunction::apply(projected_queries, projected_keys, w_v.reshape({-1}), lens,
+                                 softmax);
+}
+
+torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v) {
+  return ChunkedAdditiveFunction::apply(projected_queries, projected_keys, w_v);
+}
+
+}  // namespace d2l::detail

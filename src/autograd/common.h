@@ -1,0 +1,31 @@
+#pragma once
+
+// Argument plumbing shared by the autograd functions around the CPU kernels.
+
+#include <torch/types.h>
+
+#include "cpu/kernels.h"
+
+namespace d2l::detail {
+
+/// The kernels work in float or double; float16 and bfloat16 are widened to
+/// float (their accumulation type) and narrowed back by the caller.
+inline torch::Tensor compute_type(const torch::Tensor& t) {
+  const bool reduced = t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+  return (reduced ? t.to(torch::kFloat) : t).contiguous();
+}
+
+/// Autograd functions take no undefined tensors: "no lengths" travels as an
+/// empty int64 tensor (a batch of zero rows needs none either).
+inline torch::Tensor lengths_arg(const torch::Tensor& valid_lens) {
+  return valid_lens.defined() ? valid_lens.to(torch::kLong).contiguous()
+                              : torch::empty({0}, torch::kLong);
+}
+
+/// Per-row view of a lengths_arg tensor for rows of `queries` queries each.
+inline cpu::RowLengths row_lengths(const torch::Tensor& lens, int64_t queries) {
+  if (lens.numel() == 0) return {};
+  return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1};
+}
+
+}  // namespace d2l::detail

@@ -1,0 +1,562 @@
+#include <d2l/heatmap.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Each;
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "no c10::Error thrown";
+}
+
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos;
+       pos = text.find(needle, pos + needle.size())) {
+    ++n;
+  }
+  return n;
+}
+
+struct Cell {
+  std::string fill;
+  std::string title;
+};
+
+/// The cell rects in document order (panel by panel, row-major in each).
+std::vector<Cell> cells(const std::string& svg) {
+  static const std::regex cell_re(
+      R"re(<rect class="cell" [^>]*fill="([^"]+)"><title>([^<]*)</title></rect>)re");
+  std::vector<Cell> out;
+  for (std::sregex_iterator it(svg.begin(), svg.end(), cell_re), end; it != end; ++it) {
+    out.push_back({(*it)[1], (*it)[2]});
+  }
+  return out;
+}
+
+struct Rgb {
+  int r, g, b;
+};
+
+Rgb parse_hex(const std::string& fill) {
+  EXPECT_THAT(fill, ::testing::MatchesRegex("#[0-9a-f]{6}"));
+  const auto channel = [&](int k) { return std::stoi(fill.substr(1 + 2 * k, 2), nullptr, 16); };
+  return {channel(0), channel(1), channel(2)};
+}
+
+/// The text of every <text> element inside the first <g class="NAME">.
+std::vector<std::string> texts_in_group(const std::string& svg, const std::string& name) {
+  const auto begin = svg.find("<g class=\"" + name + "\"");
+  if (begin == std::string::npos) return {};
+  const auto end = svg.find("</g>", begin);
+  const std::string group = svg.substr(begin, end - begin);
+  static const std::regex text_re(R"(<text[^>]*>([^<]*)</text>)");
+  std::vector<std::string> out;
+  for (std::sregex_iterator it(group.begin(), group.end(), text_re), e; it != e; ++it) {
+    out.push_back((*it)[1]);
+  }
+  return out;
+}
+
+/// Empty if every element is closed in order; else what went wrong.
+std::string nesting_error(const std::string& svg) {
+  std::vector<std::string> open;
+  for (size_t pos = svg.find('<'); pos != std::string::npos; pos = svg.find('<', pos + 1)) {
+    const size_t close = svg.find('>', pos);
+    if (close == std::string::npos) return "unterminated tag";
+    const std::string tag = svg.substr(pos + 1, close - pos - 1);
+    if (tag.empty() || tag[0] == '?') continue;
+    if (tag[0] == '/') {
+      if (open.empty() || open.back() != tag.substr(1)) {
+        return "unexpected </" + tag.substr(1) + ">";
+      }
+      open.pop_back();
+    } else if (tag.back() != '/') {
+      open.push_back(tag.substr(0, tag.find_first_of(" \n")));
+    }
+  }
+  return open.empty() ? "" : "unclosed <" + open.back() + ">";
+}
+
+torch::Tensor arange_matrices(int64_t rows, int64_t cols, int64_t h, int64_t w) {
+  return torch::arange(rows * cols * h * w, torch::kDouble).reshape({rows, cols, h, w});
+}
+
+TEST(HeatmapSvg, IsAWellFormedStandaloneDocument) {
+  const auto svg =
+      d2l::heatmaps_svg(arange_matrices(2, 3, 4, 5),
+                        d2l::HeatmapOptions().xlabel("x").ylabel("y").titles({"a", "b", "c"}));
+  EXPECT_THAT(svg, StartsWith("<?xml"));
+  EXPECT_THAT(svg, EndsWith("</svg>\n"));
+  EXPECT_THAT(svg, HasSubstr("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  EXPECT_THAT(svg, HasSubstr("viewBox=\"0 0 "));
+  EXPECT_EQ(count(svg, "<g"), count(svg, "</g>"));
+  EXPECT_EQ(count(svg, "<svg"), 1u);
+  EXPECT_EQ(nesting_error(svg), "");
+}
+
+TEST(HeatmapSvg, WidthAndHeightAreTheViewBoxInPoints) {
+  const auto svg = d2l::heatmaps_svg(arange_matrices(1, 2, 3, 4));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      svg, m,
+      std::regex(
+          R"re(width="([0-9.]+)pt" height="([0-9.]+)pt" viewBox="0 0 ([0-9.]+) ([0-9.]+)")re")));
+  EXPECT_EQ(m[1], m[3]);
+  EXPECT_EQ(m[2], m[4]);
+  EXPECT_GT(std::stod(m[1]), 2 * 72.0);  // two panels of up to 2.5 inches plus colour bar
+}
+
+TEST(HeatmapSvg, DrawsOneCellPerEntryAndOneColourBar) {
+  const auto svg = d2l::heatmaps_svg(arange_matrices(2, 3, 4, 5));
+  EXPECT_EQ(count(svg, "<rect class=\"cell\""), 2u * 3 * 4 * 5);
+  EXPECT_EQ(cells(svg).size(), 2u * 3 * 4 * 5);
+  EXPECT_EQ(count(svg, "<rect class=\"colorbar\""), 1u);
+  EXPECT_EQ(count(svg, "<g class=\"panel\""), 6u);
+}
+
+TEST(HeatmapSvg, CellTitlesGiveRowColumnAndValue) {
+  auto m = torch::zeros({1, 1, 2, 3}, torch::kDouble);
+  m[0][0][1][2] = 0.25;
+  const auto c = cells(d2l::heatmaps_svg(m));
+  ASSERT_EQ(c.size(), 6u);
+  EXPECT_EQ(c[0].title, "row 0, col 0: 0");
+  EXPECT_EQ(c[5].title, "row 1, col 2: 0.25");
+}
+
+TEST(HeatmapSvg, CellsAreSquareAndScaleWithFigsize) {
+  const auto m = arange_matrices(1, 1, 2, 10);
+  const std::regex size_re(
+      R"re(<rect class="cell" x="0.00" y="0.00" width="([0-9.]+)" height="([0-9.]+)")re");
+  std::smatch small, large;
+  const auto svg_small = d2l::heatmaps_svg(m);
+  const auto svg_large = d2l::heatmaps_svg(m, d2l::HeatmapOptions().figsize({5.0, 5.0}));
+  ASSERT_TRUE(std::regex_search(svg_small, small, size_re));
+  ASSERT_TRUE(std::regex_search(svg_large, large, size_re));
+  // 10 columns across 2.5 inches of 72 units.
+  EXPECT_DOUBLE_EQ(std::stod(small[1]), 18.0);
+  EXPECT_DOUBLE_EQ(std::stod(small[2]), 18.0);
+  EXPECT_DOUBLE_EQ(std::stod(large[1]), 36.0);
+}
+
+TEST(HeatmapSvg, VeryWideMatricesGetStretchedCellsNotAHairline) {
+  const std::regex size_re(
+      R"re(<rect class="cell" x="0.00" y="0.00" width="([0-9.]+)" height="([0-9.]+)")re");
+  std::smatch wide, tall;
+  const auto svg_wide = d2l::heatmaps_svg(arange_matrices(1, 1, 1, 200));
+  const auto svg_tall = d2l::heatmaps_svg(arange_matrices(1, 1, 100, 1));
+  ASSERT_TRUE(std::regex_search(svg_wide, wide, size_re));
+  ASSERT_TRUE(std::regex_search(svg_tall, tall, size_re));
+  EXPECT_DOUBLE_EQ(std::stod(wide[1]), 0.9);   // 180 units over 200 columns
+  EXPECT_DOUBLE_EQ(std::stod(wide[2]), 36.0);  // a fifth of 180
+  EXPECT_DOUBLE_EQ(std::stod(tall[1]), 36.0);
+  EXPECT_DOUBLE_EQ(std::stod(tall[2]), 1.8);
+}
+
+TEST(HeatmapSvg, RedsGoesFromNearWhiteToDarkRed) {
+  const auto c = cells(d2l::heatmaps_svg(arange_matrices(1, 1, 3, 4)));
+  ASSERT_EQ(c.size(), 12u);
+  EXPECT_EQ(c.front().fill, "#fff5f0");
+  EXPECT_EQ(c.back().fill, "#67000d");
+  for (size_t k = 1; k < c.size(); ++k) {
+    const Rgb before = parse_hex(c[k - 1].fill), after = parse_hex(c[k].fill);
+    EXPECT_LT(after.g, before.g) << "cell " << k << " is not darker than cell " << k - 1;
+  }
+}
+
+TEST(HeatmapSvg, MaxCellIsDarkestWhereverItIs) {
+  auto m = torch::rand({1, 1, 4, 4}, torch::kDouble);
+  m[0][0][2][1] = 2.0;
+  m[0][0][3][3] = -1.0;
+  const auto c = cells(d2l::heatmaps_svg(m));
+  const Rgb max_cell = parse_hex(c[2 * 4 + 1].fill);
+  const Rgb min_cell = parse_hex(c[3 * 4 + 3].fill);
+  EXPECT_LT(max_cell.g, min_cell.g);
+  for (const auto& cell : c) EXPECT_LE(max_cell.g, parse_hex(cell.fill).g);
+}
+
+TEST(HeatmapSvg, EachColourMapHasItsOwnEnds) {
+  const auto m = torch::tensor({0.0, 1.0}, torch::kDouble).reshape({1, 1, 1, 2});
+  const std::vector<std::tuple<std::string, std::string, std::string>> expected = {
+      {"Reds", "#fff5f0", "#67000d"},
+      {"Blues", "#f7fbff", "#08306b"},
+      {"Greens", "#f7fcf5", "#00441b"},
+      {"Greys", "#ffffff", "#000000"},
+      {"viridis", "#440154", "#fde725"}};
+  for (const auto& [cmap, low, high] : expected) {
+    const auto svg = d2l::heatmaps_svg(m, d2l::HeatmapOptions().cmap(cmap));
+    const auto c = cells(svg);
+    ASSERT_EQ(c.size(), 2u);
+    EXPECT_EQ(c[0].fill, low) << cmap;
+    EXPECT_EQ(c[1].fill, high) << cmap;
+    EXPECT_THAT(svg, HasSubstr("fill=\"url(#d2l-heatmap-" + cmap + ")\"")) << cmap;
+  }
+}
+
+TEST(HeatmapSvg, PanelsShareOneScale) {
+  // Panel 0 holds [0, 1], panel 1 holds [1, 2].
+  const auto m = torch::tensor({0.0, 1.0, 1.0, 2.0}, torch::kDouble).reshape({1, 2, 1, 2});
+  const auto c = cells(d2l::heatmaps_svg(m));
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[1].fill, c[2].fill);
+  EXPECT_EQ(c[0].fill, "#fff5f0");
+  EXPECT_EQ(c[3].fill, "#67000d");
+  EXPECT_NE(c[1].fill, c[0].fill);
+  EXPECT_NE(c[1].fill, c[3].fill);
+}
+
+TEST(HeatmapSvg, ConstantMatrixUsesTheMiddleColourAndNoNaN) {
+  for (const double v : {0.0, 0.5, -3.0, 1e6}) {
+    const auto svg = d2l::heatmaps_svg(torch::full({2, 2, 3, 3}, v, torch::kDouble));
+    EXPECT_THAT(svg, Not(HasSubstr("nan")));
+    EXPECT_THAT(svg, Not(HasSubstr("inf")));
+    const auto c = cells(svg);
+    ASSERT_EQ(c.size(), 36u);
+    EXPECT_EQ(c[0].fill, "#fb6a4a") << v;  // Reds at one half
+    for (const auto& cell : c) EXPECT_EQ(cell.fill, c[0].fill);
+    EXPECT_GE(texts_in_group(svg, "cbticks").size(), 3u);
+  }
+}
+
+TEST(HeatmapSvg, NaNIsHatchedAndLeftOutOfTheScale) {
+  const auto m = torch::tensor({0.0, kNaN, 1.0, 0.5}, torch::kDouble).reshape({1, 1, 2, 2});
+  const auto svg = d2l::heatmaps_svg(m);
+  const auto c = cells(svg);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].fill, "#fff5f0");
+  EXPECT_EQ(c[2].fill, "#67000d");
+  EXPECT_EQ(c[1].fill, "url(#d2l-heatmap-nan)");
+  EXPECT_EQ(c[1].title, "row 0, col 1: nan");
+  EXPECT_THAT(svg, HasSubstr("<pattern id=\"d2l-heatmap-nan\""));
+  for (const auto& label : texts_in_group(svg, "cbticks"))
+    EXPECT_THAT(label, Not(HasSubstr("nan")));
+}
+
+TEST(HeatmapSvg, NoPatternWithoutNaN) {
+  EXPECT_THAT(d2l::heatmaps_svg(arange_matrices(1, 1, 2, 2)), Not(HasSubstr("<pattern")));
+}
+
+TEST(HeatmapSvg, InfinitiesClampToTheEndColours) {
+  const auto m = torch::tensor({0.0, kInf, -kInf, 1.0}, torch::kDouble).reshape({1, 1, 2, 2});
+  const auto c = cells(d2l::heatmaps_svg(m));
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].fill, "#fff5f0");
+  EXPECT_EQ(c[1].fill, "#67000d");
+  EXPECT_EQ(c[2].fill, "#fff5f0");
+  EXPECT_EQ(c[3].fill, "#67000d");
+}
+
+TEST(HeatmapSvg, HandlesTheWidestDoubleRange) {
+  const auto m = torch::tensor({-1e308, 1e308}, torch::kDouble).reshape({1, 1, 1, 2});
+  const auto svg = d2l::heatmaps_svg(m);
+  const auto c = cells(svg);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].fill, "#fff5f0");
+  EXPECT_EQ(c[1].fill, "#67000d");
+  const auto labels = texts_in_group(svg, "cbticks");
+  EXPECT_GE(labels.size(), 3u);
+  EXPECT_LE(labels.size(), 5u);
+  EXPECT_THAT(labels, Each(AllOf(Not(HasSubstr("inf")), Not(HasSubstr("nan")))));
+}
+
+TEST(HeatmapSvg, AllNaNStillDraws) {
+  const auto svg = d2l::heatmaps_svg(torch::full({1, 1, 2, 2}, kNaN, torch::kDouble));
+  EXPECT_THAT(cells(svg), Each(::testing::Field(&Cell::fill, "url(#d2l-heatmap-nan)")));
+  EXPECT_GE(texts_in_group(svg, "cbticks").size(), 3u);
+}
+
+TEST(HeatmapSvg, TickLabelsAreIntegersThinnedToAtMostTen) {
+  const auto svg = d2l::heatmaps_svg(arange_matrices(1, 1, 3, 10));
+  EXPECT_EQ(texts_in_group(svg, "xticks"),
+            (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}));
+  EXPECT_EQ(texts_in_group(svg, "yticks"), (std::vector<std::string>{"0", "1", "2"}));
+
+  const auto wide = d2l::heatmaps_svg(arange_matrices(1, 1, 40, 100));
+  EXPECT_EQ(texts_in_group(wide, "xticks"),
+            (std::vector<std::string>{"0", "10", "20", "30", "40", "50", "60", "70", "80", "90"}));
+  EXPECT_EQ(texts_in_group(wide, "yticks"), (std::vector<std::string>{"0", "10", "20", "30"}));
+
+  const auto eleven = d2l::heatmaps_svg(arange_matrices(1, 1, 1, 11));
+  EXPECT_EQ(texts_in_group(eleven, "xticks"),
+            (std::vector<std::string>{"0", "2", "4", "6", "8", "10"}));
+}
+
+TEST(HeatmapSvg, ColourBarHasThreeToFiveRoundTicksInRange) {
+  const std::vector<std::pair<double, double>> ranges = {
+      {0, 1}, {0, 0.37}, {-3, 1234}, {0.12, 0.13}, {-1e-5, 2e-5},
+      {7, 7}, {1, 6},    {0, 5.5},   {1e6, 1e6},   {-2.5, -2.4}};
+  for (const auto& [lo, hi] : ranges) {
+    const auto m = torch::tensor({lo, hi}, torch::kDouble).reshape({1, 1, 1, 2});
+    const auto labels = texts_in_group(d2l::heatmaps_svg(m), "cbticks");
+    EXPECT_GE(labels.size(), 3u) << lo << ".." << hi;
+    EXPECT_LE(labels.size(), 5u) << lo << ".." << hi;
+    double previous = -kInf;
+    for (const auto& label : labels) {
+      const double v = std::stod(label);
+      EXPECT_GT(v, previous);
+      const double span = hi == lo ? 1.0 : hi - lo;
+      const double low = hi == lo ? lo - 0.5 : lo;
+      EXPECT_GE(v, low - 1e-9 * span) << label;
+      EXPECT_LE(v, low + span + 1e-9 * span) << label;
+      EXPECT_LE(label.size(), 10u) << label;  // round numbers, not 0.30000000000000004
+      previous = v;
+    }
+  }
+}
+
+TEST(HeatmapSvg, LabelsGoOnTheOuterPanelsAndTitlesOnTheTopRow) {
+  const auto svg = d2l::heatmaps_svg(
+      arange_matrices(2, 3, 4, 5),
+      d2l::HeatmapOptions().xlabel("Keys").ylabel("Queries").titles({"h1", "h2", "h3"}));
+  EXPECT_EQ(count(svg, "class=\"xlabel\""), 3u);
+  EXPECT_EQ(count(svg, "class=\"ylabel\""), 2u);
+  EXPECT_EQ(count(svg, "class=\"title\""), 3u);
+  EXPECT_EQ(count(svg, "<g class=\"xticks\""), 3u);
+  EXPECT_EQ(count(svg, "<g class=\"yticks\""), 2u);
+  EXPECT_EQ(count(svg, ">Keys</text>"), 3u);
+  EXPECT_EQ(count(svg, ">Queries</text>"), 2u);
+  EXPECT_THAT(svg,
+              AllOf(HasSubstr(">h1</text>"), HasSubstr(">h2</text>"), HasSubstr(">h3</text>")));
+  EXPECT_THAT(svg, HasSubstr("rotate(-90)"));
+}
+
+TEST(HeatmapSvg, NoLabelElementsWhenNoneAreGiven) {
+  const auto svg = d2l::heatmaps_svg(arange_matrices(1, 2, 2, 2));
+  EXPECT_THAT(svg, AllOf(Not(HasSubstr("class=\"xlabel\"")), Not(HasSubstr("class=\"ylabel\"")),
+                         Not(HasSubstr("class=\"title\""))));
+}
+
+TEST(HeatmapSvg, EscapesUserText) {
+  const auto svg = d2l::heatmaps_svg(
+      arange_matrices(1, 2, 2, 2),
+      d2l::HeatmapOptions().titles({"a<b", "x&y>z"}).xlabel("\"q\"").ylabel("it's\x01"));
+  EXPECT_THAT(svg, HasSubstr(">a&lt;b</text>"));
+  EXPECT_THAT(svg, HasSubstr(">x&amp;y&gt;z</text>"));
+  EXPECT_THAT(svg, HasSubstr(">&quot;q&quot;</text>"));
+  EXPECT_THAT(svg, HasSubstr(">it&apos;s\xEF\xBF\xBD</text>"));
+  EXPECT_THAT(svg, AllOf(Not(HasSubstr("a<b")), Not(HasSubstr("x&y")), Not(HasSubstr("\x01"))));
+  EXPECT_EQ(nesting_error(svg), "");
+}
+
+TEST(HeatmapSvg, AcceptsReducedPrecisionAndIntegerDtypes) {
+  // Small whole numbers are exact in every dtype, so the drawing is the same.
+  const auto reference = arange_matrices(1, 2, 3, 4);
+  const auto expected = d2l::heatmaps_svg(reference);
+  for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16, torch::kLong, torch::kInt,
+                           torch::kUInt8, torch::kInt8}) {
+    EXPECT_EQ(d2l::heatmaps_svg(reference.to(dtype)), expected) << c10::toString(dtype);
+  }
+}
+
+TEST(HeatmapSvg, ReadsNonContiguousInput) {
+  const auto m = torch::rand({2, 1, 3, 4}, torch::kDouble);
+  const auto transposed = m.transpose(2, 3).contiguous().transpose(2, 3);
+  ASSERT_FALSE(transposed.is_contiguous());
+  EXPECT_EQ(d2l::heatmaps_svg(transposed), d2l::heatmaps_svg(m));
+}
+
+TEST(HeatmapSvg, LeavesTheInputUnchanged) {
+  auto m = torch::rand({1, 2, 3, 4}).requires_grad_();
+  const auto before = m.detach().clone();
+  d2l::heatmaps_svg(m);
+  d2l::heatmaps_ansi(m);
+  EXPECT_TRUE(torch::equal(m.detach(), before));
+  EXPECT_TRUE(m.requires_grad());
+  EXPECT_EQ(m.scalar_type(), torch::kFloat);
+}
+
+TEST(HeatmapErrors, RejectBadMatrices) {
+  const auto svg = [](const torch::Tensor& m) { return error_of([&] { d2l::heatmaps_svg(m); }); };
+  EXPECT_THAT(svg(torch::Tensor()),
+              HasSubstr("d2l::heatmaps_svg: matrices must be a defined tensor"));
+  EXPECT_THAT(svg(torch::rand({2, 10})),
+              AllOf(StartsWith("d2l::heatmaps_svg: matrices must be a 4-D tensor"),
+                    HasSubstr("got [2, 10]")));
+  EXPECT_THAT(svg(torch::rand({1, 1, 2, 2, 2})), HasSubstr("got [1, 1, 2, 2, 2]"));
+  EXPECT_THAT(svg(torch::ones({1, 1, 2, 2}, torch::kBool)),
+              AllOf(StartsWith("d2l::heatmaps_svg: matrices must have a real"), HasSubstr("Bool")));
+  EXPECT_THAT(
+      svg(torch::ones({1, 1, 2, 2}, torch::kComplexFloat)),
+      AllOf(StartsWith("d2l::heatmaps_svg: matrices must have a real"), HasSubstr("ComplexFloat")));
+  for (const auto& shape : {std::vector<int64_t>{0, 1, 2, 2}, std::vector<int64_t>{1, 0, 2, 2},
+                            std::vector<int64_t>{1, 1, 0, 2}, std::vector<int64_t>{1, 1, 2, 0}}) {
+    EXPECT_THAT(svg(torch::rand(shape)),
+                AllOf(StartsWith("d2l::heatmaps_svg: matrices must not be empty"),
+                      HasSubstr(fmt::format("got [{}]", fmt::join(shape, ", ")))));
+  }
+}
+
+TEST(HeatmapErrors, RejectBadOptions) {
+  const auto m = arange_matrices(1, 2, 2, 2);
+  const auto svg = [&](const d2l::HeatmapOptions& o) {
+    return error_of([&] { d2l::heatmaps_svg(m, o); });
+  };
+  EXPECT_THAT(svg(d2l::HeatmapOptions().titles({"a", "b", "c"})),
+              HasSubstr("d2l::heatmaps_svg: titles has 3 entries for 2 columns"));
+  EXPECT_THAT(svg(d2l::HeatmapOptions().titles({"a"})),
+              HasSubstr("d2l::heatmaps_svg: titles has 1 entries for 2 columns"));
+  EXPECT_THAT(svg(d2l::HeatmapOptions().cmap("jet")),
+              AllOf(StartsWith("d2l::heatmaps_svg: cmap must be one of"),
+                    HasSubstr("Reds, Blues, Greens, Greys, viridis"), HasSubstr("'jet'")));
+  EXPECT_THAT(svg(d2l::HeatmapOptions().cmap("reds")), HasSubstr("got 'reds'"));
+  for (const auto& figsize : {std::make_pair(0.0, 2.5), std::make_pair(2.5, -1.0),
+                              std::make_pair(kNaN, 1.0), std::make_pair(1.0, kInf)}) {
+    EXPECT_THAT(svg(d2l::HeatmapOptions().figsize(figsize)),
+                AllOf(StartsWith("d2l::heatmaps_svg: figsize must be positive"),
+                      HasSubstr(fmt::format("got ({}, {})", figsize.first, figsize.second))));
+  }
+}
+
+TEST(HeatmapErrors, NameTheFunctionThatWasCalled) {
+  const auto bad = torch::rand({2, 10});
+  EXPECT_THAT(error_of([&] { d2l::heatmaps_ansi(bad); }),
+              StartsWith("d2l::heatmaps_ansi: matrices must be a 4-D tensor"));
+  EXPECT_THAT(error_of([&] {
+                d2l::heatmaps_ansi(arange_matrices(1, 1, 2, 2), d2l::HeatmapOptions().cmap("jet"));
+              }),
+              StartsWith("d2l::heatmaps_ansi: cmap"));
+  EXPECT_THAT(error_of([&] { d2l::show_heatmaps(bad, "x", "y", "unused.svg"); }),
+              StartsWith("d2l::show_heatmaps: matrices must be a 4-D tensor"));
+  EXPECT_THAT(error_of([&] {
+                d2l::show_heatmaps(arange_matrices(1, 2, 2, 2), "x", "y", "unused.svg", {"t"});
+              }),
+              StartsWith("d2l::show_heatmaps: titles has 1 entries for 2 columns"));
+}
+
+class ShowHeatmaps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ =
+        std::filesystem::path(::testing::TempDir()) / (std::string("d2l_heatmap_") + info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static std::string read(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(ShowHeatmaps, WritesTheSvgOfTheSameOptions) {
+  const auto m = torch::rand({2, 2, 3, 5});
+  const auto path = dir_ / "weights.svg";
+  d2l::show_heatmaps(m, "Keys", "Queries", path.string(), {"a", "b"}, {3.0, 2.0}, "viridis");
+  const auto expected = d2l::heatmaps_svg(m, d2l::HeatmapOptions()
+                                                 .xlabel("Keys")
+                                                 .ylabel("Queries")
+                                                 .titles({"a", "b"})
+                                                 .figsize({3.0, 2.0})
+                                                 .cmap("viridis"));
+  EXPECT_EQ(read(path), expected);
+}
+
+TEST_F(ShowHeatmaps, OverwritesAnExistingFile) {
+  const auto path = dir_ / "weights.svg";
+  std::ofstream(path) << std::string(100000, 'x');
+  const auto m = arange_matrices(1, 1, 2, 2);
+  d2l::show_heatmaps(m, "", "", path.string());
+  EXPECT_EQ(read(path), d2l::heatmaps_svg(m));
+}
+
+TEST_F(ShowHeatmaps, ThrowsNamingAnUnwritablePath) {
+  const auto path = (dir_ / "missing" / "weights.svg").string();
+  EXPECT_THAT(error_of([&] { d2l::show_heatmaps(arange_matrices(1, 1, 2, 2), "x", "y", path); }),
+              AllOf(StartsWith("d2l::show_heatmaps: cannot open"), HasSubstr(path)));
+}
+
+TEST_F(ShowHeatmaps, BadInputCreatesNoFile) {
+  const auto path = dir_ / "weights.svg";
+  EXPECT_THAT(error_of([&] {
+                d2l::show_heatmaps(torch::rand({2, 2}), "x", "y", path.string());
+              }),
+              StartsWith("d2l::show_heatmaps"));
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+constexpr const char* kBackground = "\x1b[48;2;";
+constexpr const char* kReset = "\x1b[0m";
+
+TEST(HeatmapAnsi, OneColouredCellPerEntryAndAResetPerPanelLine) {
+  const auto text = d2l::heatmaps_ansi(arange_matrices(2, 3, 4, 5));
+  constexpr size_t kRamp = 8;  // legend swatches
+  EXPECT_EQ(count(text, kBackground), 2u * 3 * 4 * 5 + kRamp);
+  EXPECT_EQ(count(text, kBackground + std::string("255;245;240m  ")), 1u);  // the minimum cell
+  // One reset per panel per line (so the gaps stay uncoloured), one for the legend.
+  EXPECT_EQ(count(text, kReset), 2u * 3 * 4 + 1);
+  EXPECT_EQ(count(text, std::string(kReset) + "\n"), 2u * 4);
+  EXPECT_EQ(count(text, std::string(kReset) + "  " + kBackground), 2u * 4 * 2);
+  EXPECT_THAT(text, HasSubstr("Reds "));
+  EXPECT_THAT(text, HasSubstr(" 0 … 119"));
+}
+
+TEST(HeatmapAnsi, MatchesTheSvgColours) {
+  const auto m = torch::rand({1, 1, 2, 3});
+  const auto c = cells(d2l::heatmaps_svg(m, d2l::HeatmapOptions().cmap("viridis")));
+  const auto text = d2l::heatmaps_ansi(m, d2l::HeatmapOptions().cmap("viridis"));
+  for (const auto& cell : c) {
+    const Rgb rgb = parse_hex(cell.fill);
+    EXPECT_THAT(text, HasSubstr(fmt::format("{}{};{};{}m  ", kBackground, rgb.r, rgb.g, rgb.b)));
+  }
+}
+
+TEST(HeatmapAnsi, ShowsTitlesLabelsAndNaN) {
+  const auto m = torch::tensor({0.0, kNaN, 1.0, 2.0}, torch::kDouble).reshape({1, 2, 1, 2});
+  const auto text = d2l::heatmaps_ansi(
+      m, d2l::HeatmapOptions().titles({"Head 1", "H2"}).xlabel("Keys").ylabel("Queries"));
+  EXPECT_THAT(text, HasSubstr("rows: Queries\n"));
+  EXPECT_THAT(text, HasSubstr("columns: Keys\n"));
+  // Panels are two cells (four columns) wide: long titles are cut.
+  EXPECT_THAT(text, HasSubstr("Hea…  H2  \n"));
+  EXPECT_THAT(text, HasSubstr(" 0 … 2"));
+  EXPECT_THAT(text, HasSubstr("NaN "));
+  EXPECT_EQ(count(text, kBackground), 4u + 8 + 1);
+}
+
+TEST(HeatmapAnsi, TitlesOnceAboveTheTopRowAndABlankLineBetweenRows) {
+  const auto text = d2l::heatmaps_ansi(arange_matrices(2, 2, 1, 3),
+                                       d2l::HeatmapOptions().titles({"left", "right"}));
+  EXPECT_EQ(count(text, "left    right \n"), 1u);
+  EXPECT_EQ(count(text, std::string(kReset) + "\n\n" + kBackground), 1u);
+}
+
+TEST(HeatmapAnsi, ConstantMatrixHasNoNaN) {
+  const auto text = d2l::heatmaps_ansi(torch::full({1, 1, 2, 2}, 3.0));
+  EXPECT_THAT(text, Not(HasSubstr("nan")));
+  EXPECT_THAT(text, HasSubstr(" 3 … 3"));
+}
+
+}  // namespace
