@@ -180,6 +180,16 @@ TEST(NadarayaWatson, RejectsBadArguments) {
                 "got Double"));
 }
 
+TEST(NadarayaWatson, EmptyQueriesAndKeys) {
+  d2l::NWKernelRegression net;
+  EXPECT_EQ(net(torch::rand({0}), torch::rand({0, 4}), torch::rand({0, 4})).sizes(),
+            (std::vector<int64_t>{0}));
+  auto [out, weights] =
+      d2l::functional::nadaraya_watson(torch::rand({3}), torch::rand({0}), torch::rand({0}));
+  EXPECT_EQ(weights.sizes(), (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(out.abs().sum().item<float>(), 0);
+}
+
 TEST(NWKernelRegression, CloneAndSaveLoadKeepW) {
   d2l::NWKernelRegression net;
   auto copy = std::dynamic_pointer_cast<d2l::NWKernelRegressionImpl>(net->clone());
@@ -503,6 +513,18 @@ TEST(MultiHeadAttention, MatchesTheBookFixtures) {
       }
     }
   }
+}
+
+TEST(MultiHeadAttention, EmptyBatchAndNoKeys) {
+  d2l::MultiHeadAttention attention(3, 4, 5, 6, 3, 0.0);
+  const auto empty = attention(torch::randn({0, 2, 4}), torch::randn({0, 3, 3}),
+                               torch::randn({0, 3, 5}), torch::zeros({0}, torch::kLong));
+  EXPECT_EQ(empty.sizes(), (std::vector<int64_t>{0, 2, 6}));
+  const auto no_keys = attention(torch::randn({2, 2, 4}), torch::randn({2, 0, 3}),
+                                 torch::randn({2, 0, 5}), torch::tensor({0, 0}));
+  EXPECT_EQ(no_keys.sizes(), (std::vector<int64_t>{2, 2, 6}));
+  EXPECT_EQ(no_keys.abs().sum().item<float>(), 0);
+  EXPECT_EQ(attention->attention->attention_weights.sizes(), (std::vector<int64_t>{6, 2, 0}));
 }
 
 TEST(MultiHeadAttention, DropoutOnlyInTraining) {
