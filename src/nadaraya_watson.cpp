@@ -15,7 +15,7 @@ void check_same_kind(const char* fn, const torch::Tensor& queries, const char* n
 }
 
 // The book's kernel, softmax_j(-((q_i - k_ij) w)² / 2), on the differences
-// q_i - k_ij of shape (n_q, n_k).
+// q_i - k_ij of shape (n_q, n_k); an undefined w is the non-parametric width 1.
 torch::Tensor gaussian_weights(const torch::Tensor& differences, const torch::Tensor& w) {
   const auto scaled = w.defined() ? differences * w : differences;
   return detail::softmax_last_dim(-scaled.pow(2) / 2);
