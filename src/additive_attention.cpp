@@ -1,6 +1,5 @@
 #include <d2l/additive_attention.h>
 
-#include <torch/nn/functional/dropout.h>
 #include <torch/nn/functional/linear.h>
 
 #include <fmt/format.h>
@@ -130,7 +129,9 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
 
   auto weights = detail::additive_weights_nocheck(W_q(queries), W_k(keys), w_v->weight,
                                                   valid_lens, options.impl());
-  auto output = torch::bmm(dropout(weights), values);
+  // The registered dropout module decides, as in the book (its p and mode).
+  auto output = torch::bmm(
+      detail::dropout_weights(weights, dropout->options.p(), dropout->is_training()), values);
   if (options.record_attention_weights()) {
     std::lock_guard<std::mutex> lock(*record_mutex_);
     attention_weights = std::move(weights);

@@ -61,6 +61,7 @@ using MaskedSoftmaxFn = torch::Tensor (*)(const torch::Tensor&, const torch::Ten
 struct Implementation {
   const char* name;
   MaskedSoftmaxFn fn;
+  const char* function;  // as named in its error messages
 };
 
 void PrintTo(const Implementation& impl, std::ostream* os) { *os << impl.name; }
@@ -185,7 +186,7 @@ TEST_P(MaskedSoftmax, GradientsStayFiniteWithPoisonedMaskedScores) {
 
 TEST_P(MaskedSoftmax, RejectsBadArguments) {
   const auto X = torch::randn({2, 3, 4});
-  const std::string fn = "d2l::masked_softmax: ";
+  const std::string fn = std::string(GetParam().function) + ": ";
   EXPECT_THAT(error_message([&] { run(torch::randn({2, 4}), torch::tensor({1, 2})); }),
               HasSubstr(fn + "X must be a 3-D tensor, got [2, 4]"));
   EXPECT_THAT(error_message([&] { run(torch::ones({2, 3, 4}, torch::kLong), torch::tensor({1, 2})); }),
@@ -213,6 +214,12 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto X = torch::randn({3, 4, 37});
   const auto lens = torch::tensor({{0, 5, 37, 40}, {1, 2, 3, 4}, {9, 9, 9, 9}});
+  if (std::string(GetParam().name) == "fused") {
+    EXPECT_THAT(error_message([&] { run(X.cuda(), lens.cuda()); }),
+                HasSubstr("d2l::fused::masked_softmax: the fused kernel runs on the CPU, got X on "
+                          "cuda:0"));
+    return;
+  }
   const auto out = run(X.cuda(), lens.cuda());
   EXPECT_TRUE(out.is_cuda());
   EXPECT_LT(max_rel_error(out.cpu(), reference_masked_softmax(X, lens)), 1e-6);
@@ -223,8 +230,10 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
 
 INSTANTIATE_TEST_SUITE_P(
     Implementations, MaskedSoftmax,
-    ::testing::Values(Implementation{"default", &d2l::masked_softmax},
-                      Implementation{"composite", &d2l::composite::masked_softmax}),
+    ::testing::Values(
+        Implementation{"default", &d2l::masked_softmax, "d2l::masked_softmax"},
+        Implementation{"composite", &d2l::composite::masked_softmax, "d2l::masked_softmax"},
+        Implementation{"fused", &d2l::fused::masked_softmax, "d2l::fused::masked_softmax"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
