@@ -65,25 +65,44 @@ void tanh_kernel(const T* x, T* y, int64_t n) {
   });
 }
 
+// The last, partial vector of a row's first L entries. When the row has room
+// for a whole vector past position j (room >= size), it is loaded whole, which
+// is far cheaper than a partial load; callers blend away lanes r.. with
+// Vectorized::set before using them, so masked entries never count.
 template <typename T>
-T row_max(const T* x, int64_t L) {
+Vectorized<T> load_tail(const T* p, int64_t r, int64_t room) {
+  return room >= Vectorized<T>::size() ? Vectorized<T>::loadu(p) : Vectorized<T>::loadu(p, r);
+}
+
+template <typename T>
+void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
+  if (room >= Vectorized<T>::size()) {
+    v.store(p);
+  } else {
+    v.store(p, r);
+  }
+}
+
+template <typename T>
+T row_max(const T* x, int64_t L, int64_t m) {
   using V = Vectorized<T>;
-  V vmax(-std::numeric_limits<T>::infinity());
+  const V lowest(-std::numeric_limits<T>::infinity());
+  V vmax = lowest;
   int64_t j = 0;
   for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
-  T mx = at::vec::vec_reduce_all<T>([](V& a, V& b) { return at::vec::maximum(a, b); }, vmax);
-  for (; j < L; ++j) mx = std::isnan(x[j]) ? x[j] : std::max(mx, x[j]);
-  return mx;
+  if (j < L) vmax = at::vec::maximum(vmax, V::set(lowest, load_tail(x + j, L - j, m - j), L - j));
+  return at::vec::vec_reduce_all<T>([](V& a, V& b) { return at::vec::maximum(a, b); }, vmax);
 }
 
 // One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
-// entries are never read, so whatever they hold (inf, NaN) cannot leak.
+// entries never reach a sum or an output lane, so whatever they hold (inf,
+// NaN) cannot leak.
 template <typename T>
 void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
   using V = Vectorized<T>;
   std::fill(y + L, y + m, T(0));
   if (L == 0) return;
-  const T mx = row_max(x, L);
+  const T mx = row_max(x, L, m);
   const V vmax(mx), vscale(scale);
   V vsum(0);
   int64_t j = 0;
@@ -92,20 +111,20 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
     e.store(y + j);
     vsum = vsum + e;
   }
-  if (j < L) {
-    const int64_t r = L - j;
-    const V e = V::set(V(0), ((V::loadu(x + j, r) - vmax) * vscale).exp(), r);
-    e.store(y + j, r);
+  const int64_t r = L - j;
+  if (r > 0) {
+    const V e = V::set(V(0), ((load_tail(x + j, r, m - j) - vmax) * vscale).exp(), r);
+    store_tail(e, y + j, r, m - j);
     vsum = vsum + e;
   }
-  const T sum = at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vsum);
-  const V inv(T(1) / sum);
-  j = 0;
-  for (; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
-  if (j < L) (V::loadu(y + j, L - j) * inv).store(y + j, L - j);
+  const V inv(T(1) / at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vsum));
+  for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
+  // Lanes past L hold zeros already, and stay zeros.
+  if (r > 0) store_tail(load_tail(y + j, r, m - j) * inv, y + j, r, m - j);
 }
 
 // dx = scale * y * (dy - <dy, y>) on the valid entries, zeros after them.
+// dy's masked entries (possibly inf or NaN) are blended away before use.
 template <typename T>
 void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, T scale) {
   using V = Vectorized<T>;
@@ -115,16 +134,19 @@ void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, 
   for (; j + V::size() <= L; j += V::size()) {
     vdot = at::vec::fmadd(V::loadu(y + j), V::loadu(dy + j), vdot);
   }
-  if (j < L) vdot = at::vec::fmadd(V::loadu(y + j, L - j), V::loadu(dy + j, L - j), vdot);
+  const int64_t r = L - j;
+  if (r > 0) {
+    const V prod = load_tail(y + j, r, m - j) * load_tail(dy + j, r, m - j);
+    vdot = vdot + V::set(V(0), prod, r);
+  }
   const V dot(at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vdot));
   const V vscale(scale);
-  j = 0;
-  for (; j + V::size() <= L; j += V::size()) {
+  for (j = 0; j + V::size() <= L; j += V::size()) {
     (vscale * V::loadu(y + j) * (V::loadu(dy + j) - dot)).store(dx + j);
   }
-  if (j < L) {
-    const int64_t r = L - j;
-    (vscale * V::loadu(y + j, r) * (V::loadu(dy + j, r) - dot)).store(dx + j, r);
+  if (r > 0) {
+    const V g = vscale * load_tail(y + j, r, m - j) * (load_tail(dy + j, r, m - j) - dot);
+    store_tail(V::set(V(0), g, r), dx + j, r, m - j);
   }
 }
 
