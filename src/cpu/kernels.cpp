@@ -83,6 +83,28 @@ void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
   }
 }
 
+// Horizontal sum and max of one vector. ATen's vec_reduce_all does log-free
+// shuffles through memory in a loop; per row that costs more than the row.
+template <typename T>
+T horizontal_sum(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T sum = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) sum += lanes[i];
+  return sum;
+}
+
+template <typename T>
+T horizontal_max(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T mx = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) {
+    mx = (std::isnan(mx) || mx > lanes[i]) && !std::isnan(lanes[i]) ? mx : lanes[i];
+  }
+  return mx;
+}
+
 template <typename T>
 T row_max(const T* x, int64_t L, int64_t m) {
   using V = Vectorized<T>;
@@ -91,7 +113,7 @@ T row_max(const T* x, int64_t L, int64_t m) {
   int64_t j = 0;
   for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
   if (j < L) vmax = at::vec::maximum(vmax, V::set(lowest, load_tail(x + j, L - j, m - j), L - j));
-  return at::vec::vec_reduce_all<T>([](V& a, V& b) { return at::vec::maximum(a, b); }, vmax);
+  return horizontal_max(vmax);
 }
 
 // One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
@@ -117,7 +139,7 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
     store_tail(e, y + j, r, m - j);
     vsum = vsum + e;
   }
-  const V inv(T(1) / at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vsum));
+  const V inv(T(1) / horizontal_sum(vsum));
   for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
   // Lanes past L hold zeros already, and stay zeros.
   if (r > 0) store_tail(load_tail(y + j, r, m - j) * inv, y + j, r, m - j);
@@ -139,7 +161,7 @@ void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, 
     const V prod = load_tail(y + j, r, m - j) * load_tail(dy + j, r, m - j);
     vdot = vdot + V::set(V(0), prod, r);
   }
-  const V dot(at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vdot));
+  const V dot(horizontal_sum(vdot));
   const V vscale(scale);
   for (j = 0; j + V::size() <= L; j += V::size()) {
     (vscale * V::loadu(y + j) * (V::loadu(dy + j) - dot)).store(dx + j);
@@ -260,9 +282,7 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
         }
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < s.h; ++c) {
-            dq[(b * s.n + i0 + r) * s.h + c] =
-                w[c] * at::vec::vec_reduce_all<T>([](V& u, V& v) { return u + v; },
-                                                  dq_acc[r * s.h + c]);
+            dq[(b * s.n + i0 + r) * s.h + c] = w[c] * horizontal_sum(dq_acc[r * s.h + c]);
           }
         }
       }
@@ -271,7 +291,7 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   for (int64_t c = 0; c < s.h; ++c) {
     V total(0);
     for (int64_t t = 0; t < threads; ++t) total = total + dw_acc[t * s.h + c];
-    dw[c] = at::vec::vec_reduce_all<T>([](V& u, V& v) { return u + v; }, total);
+    dw[c] = horizontal_sum(total);
   }
 }
 
