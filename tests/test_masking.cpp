@@ -94,6 +94,19 @@ TEST_P(MaskedSoftmax, LengthsAboveTheKeyCountMeanAllValid) {
   EXPECT_TRUE(torch::allclose(run(X, torch::tensor({5, 100})), torch::softmax(X, -1), 1e-14, 0));
 }
 
+// Whole floating-point lengths beyond int64 (found by fuzz_attention: the
+// fused kernel once converted 1e20 to a negative length and wrote out of bounds).
+TEST_P(MaskedSoftmax, FloatingLengthsBeyondInt64MeanAllValid) {
+  const auto X = torch::randn({2, 3, 5}, torch::kDouble);
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (double huge : {1e20, 9223372036854775808.0, 3e38}) {
+      const auto lens = torch::tensor({huge, 2.0}).to(dtype);
+      EXPECT_TRUE(torch::allclose(run(X, lens), run(X, torch::tensor({5, 2})), 1e-14, 0))
+          << c10::toString(dtype) << " " << huge;
+    }
+  }
+}
+
 TEST_P(MaskedSoftmax, ZeroLengthRowsGetZeroWeightsAndNoNaN) {
   const auto X = torch::randn({2, 3, 4});
   const auto out = run(X, torch::tensor({{0, 2, 0}, {4, 0, 1}}));

@@ -429,6 +429,21 @@ TEST(ReliabilityNumerics, RowsWithNoValidPositionGiveZerosAndZeroGradients) {
   }
 }
 
+// Whole floating-point lengths beyond int64 mean "all valid" in the modules'
+// fused and composite paths alike (fuzz_attention's first finding).
+TEST(ReliabilityNumerics, FloatingLengthsBeyondInt64MeanAllValid) {
+  torch::manual_seed(38);
+  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 3});
+  const auto huge = torch::tensor({1e20, 3.0}), plain = torch::tensor({5, 3});
+  for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
+    d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(impl));
+    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).impl(impl));
+    EXPECT_TRUE(torch::equal(dot(q, k, v, huge), dot(q, k, v, plain))) << static_cast<int>(impl);
+    EXPECT_TRUE(torch::equal(additive(q, k, v, huge), additive(q, k, v, plain)))
+        << static_cast<int>(impl);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Memory: resident set size over 10,000 forward + backward calls.
 
