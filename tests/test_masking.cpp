@@ -52,6 +52,20 @@ TEST(SequenceMask, RejectsBadArguments) {
                 d2l::sequence_mask(torch::ones({2, 3}, torch::kHalf), torch::tensor({1, 2}), -1e6);
               }),
               HasSubstr("d2l::sequence_mask: value -1000000 does not fit X's dtype Half"));
+  // Found by the fuzzer: ATen threw std::runtime_error here, and took NaN.
+  for (double value : {300.0, -129.0, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_THAT(error_message([&] {
+                  d2l::sequence_mask(torch::ones({2, 3}, torch::kChar), torch::tensor({1, 2}), value);
+                }),
+                HasSubstr("does not fit X's dtype Char (range [-128, 127])"));
+  }
+  EXPECT_THAT(error_message([] {
+                d2l::sequence_mask(torch::ones({2, 3}, torch::kLong), torch::tensor({1, 2}), 1e19);
+              }),
+              HasSubstr("d2l::sequence_mask: value 1e+19 does not fit X's dtype Long"));
+  EXPECT_EQ(d2l::sequence_mask(torch::ones({2, 3}, torch::kByte), torch::tensor({1, 2}), 255)[0][2]
+                .item<int64_t>(),
+            255);
 }
 
 // ---------------------------------------------------------------- masked_softmax
