@@ -11,9 +11,19 @@ DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev li
                    libbenchmark-dev libopenblas0-pthread libsleef-dev
 # Only `make bench` and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
+# The sanitizer and fuzz builds (CMakePresets.json): clang 14 and its runtimes.
+SANITIZER_PACKAGES := clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps deps-python configure build demo test bench fixtures clean
+# How long `make fuzz` fuzzes, and the bounded run inside `make test`.
+FUZZ_SECONDS ?= 60
+CI_FUZZ_SECONDS ?= 60
+
+.PHONY: deps deps-python deps-sanitizers configure build demo test test-release test-asan \
+        test-tsan test-fuzz fuzz bench fixtures clean
+# The steps of `make test` each build with all cores; running them side by
+# side would only fight over the two.
+.NOTPARALLEL:
 
 define install_missing
 	@missing=$$(for p in $(1); do \
@@ -32,8 +42,11 @@ deps:
 deps-python:
 	$(call install_missing,$(PYTHON_PACKAGES))
 
+deps-sanitizers: deps
+	$(call install_missing,$(SANITIZER_PACKAGES))
+
 $(BUILD_DIR)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
+	cmake --preset release -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
@@ -43,8 +56,40 @@ build: configure
 demo: build
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
 
-test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+# Every suite, then one line adding up their ctest summaries:
+#   release: the GoogleTest suite and the installed-package test (gcc, -O2);
+#   asan:    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   tsan:    the concurrency tests under ThreadSanitizer;
+#   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus.
+CTEST_LOGS := $(BUILD_DIR)/ctest.log build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
+test: test-release test-asan test-tsan test-fuzz
+	@cat $(CTEST_LOGS) | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' \
+	  | awk '{ failed += $$1; total += $$2 } END { printf "all suites: %d passed, %d failed\n", total - failed, failed }'
+
+test-release: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
+
+test-asan: deps-sanitizers
+	cmake --preset asan-ubsan
+	cmake --build --preset asan-ubsan -j $(JOBS)
+	ctest --preset asan-ubsan -j $(JOBS) -O build-asan/ctest.log
+
+test-tsan: deps-sanitizers
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan -O build-tsan/ctest.log
+
+test-fuzz: deps-sanitizers
+	cmake --preset fuzz -DD2L_FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
+	cmake --build --preset fuzz -j $(JOBS)
+	ctest --preset fuzz -O build-fuzz/ctest.log
+
+# Fuzzes for FUZZ_SECONDS from a copy of fuzz/corpus (new inputs and any
+# finding land in build-fuzz/fuzz/long/).
+fuzz: deps-sanitizers
+	cmake --preset fuzz
+	cmake --build --preset fuzz -j $(JOBS)
+	fuzz/run_fuzzer.sh build-fuzz/fuzz/fuzz_attention $(FUZZ_SECONDS) fuzz/corpus build-fuzz/fuzz/long
 
 # Times this library and the book's Python code on the same shapes and thread
 # counts, one run after the other, and prints one table (also written to
@@ -71,4 +116,4 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures.py
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

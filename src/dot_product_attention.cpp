@@ -28,6 +28,11 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
               fmt::format("{}: queries and keys must have the same feature size, got queries {} "
                           "and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
+  // Zero features would make every score 0 / sqrt(0): NaN weights, silently.
+  TORCH_CHECK(queries.size(2) > 0,
+              fmt::format("{}: queries and keys must have at least one feature (scores are "
+                          "scaled by 1/sqrt(d)), got queries {} and keys {}",
+                          fn, detail::shape_of(queries), detail::shape_of(keys)));
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
   const auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials.
