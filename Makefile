@@ -64,7 +64,7 @@ demo: build
 CTEST_LOGS := $(BUILD_DIR)/ctest.log build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
 test: test-release test-asan test-tsan test-fuzz
 	@cat $(CTEST_LOGS) | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' \
-	  | awk '{ failed += $$1; total += $$2 } END { printf "all suites: %d passed, %d failed\n", total - failed, failed }'
+	  | awk '{ failed += $$1; total += $$2 } END { printf "total: %d passed, %d failed\n", total - failed, failed }'
 
 test-release: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
