@@ -19,7 +19,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 
-.PHONY: deps deps-python deps-sanitizers configure build demo test test-release test-asan \
+.PHONY: deps deps-python deps-sanitizers configure build demo nadaraya-watson test test-release test-asan \
         test-tsan test-fuzz fuzz bench fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
@@ -55,6 +55,10 @@ build: configure
 
 demo: build
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
+
+# The book's Nadaraya-Watson regression: training progress and SVG pictures.
+nadaraya-watson: build
+	$(BUILD_DIR)/examples/nadaraya_watson --out $(BUILD_DIR)/nadaraya_watson
 
 # Every suite, then one line adding up their ctest summaries:
 #   release: the GoogleTest suite and the installed-package test (gcc, -O2);
