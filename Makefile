@@ -9,12 +9,24 @@ PYTHON     ?= /usr/bin/python3
 
 DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev libgmock-dev \
                    libbenchmark-dev libopenblas0-pthread libsleef-dev
+# Only `make bench` and `make fixtures` need Python with torch.
+PYTHON_PACKAGES := python3-torch
+# The sanitizer and fuzz builds (CMakePresets.json): clang 14 and its runtimes.
+SANITIZER_PACKAGES := clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build demo test clean
+# How long `make fuzz` fuzzes, and the bounded run inside `make test`.
+FUZZ_SECONDS ?= 60
+CI_FUZZ_SECONDS ?= 60
 
-deps:
-	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
+.PHONY: deps deps-python deps-sanitizers configure build demo nadaraya-watson test test-release test-asan \
+        test-tsan test-fuzz fuzz bench fixtures clean
+# The steps of `make test` each build with all cores; running them side by
+# side would only fight over the two.
+.NOTPARALLEL:
+
+define install_missing
+	@missing=$$(for p in $(1); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	done); \
 	if [ -n "$$missing" ]; then \
@@ -22,9 +34,19 @@ deps:
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEBIAN_PACKAGES))
+
+deps-python:
+	$(call install_missing,$(PYTHON_PACKAGES))
+
+deps-sanitizers: deps
+	$(call install_missing,$(SANITIZER_PACKAGES))
 
 $(BUILD_DIR)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
+	cmake --preset release -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
@@ -34,8 +56,68 @@ build: configure
 demo: build
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
 
-test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+# The book's Nadaraya-Watson regression: training progress and SVG pictures.
+nadaraya-watson: build
+	$(BUILD_DIR)/examples/nadaraya_watson --out $(BUILD_DIR)/nadaraya_watson
+
+# Every suite, then one line adding up their ctest summaries:
+#   release: the GoogleTest suite and the installed-package test (gcc, -O2);
+#   asan:    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   tsan:    the concurrency tests under ThreadSanitizer;
+#   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus.
+CTEST_LOGS := $(BUILD_DIR)/ctest.log build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
+test: test-release test-asan test-tsan test-fuzz
+	@cat $(CTEST_LOGS) | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' \
+	  | awk '{ failed += $$1; total += $$2 } END { printf "total: %d passed, %d failed\n", total - failed, failed }'
+
+test-release: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
+
+test-asan: deps-sanitizers
+	cmake --preset asan-ubsan
+	cmake --build --preset asan-ubsan -j $(JOBS)
+	ctest --preset asan-ubsan -j $(JOBS) -O build-asan/ctest.log
+
+test-tsan: deps-sanitizers
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan -O build-tsan/ctest.log
+
+test-fuzz: deps-sanitizers
+	cmake --preset fuzz -DD2L_FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
+	cmake --build --preset fuzz -j $(JOBS)
+	ctest --preset fuzz -O build-fuzz/ctest.log
+
+# Fuzzes for FUZZ_SECONDS from a copy of fuzz/corpus (new inputs and any
+# finding land in build-fuzz/fuzz/long/).
+fuzz: deps-sanitizers
+	cmake --preset fuzz
+	cmake --build --preset fuzz -j $(JOBS)
+	fuzz/run_fuzzer.sh build-fuzz/fuzz/fuzz_attention $(FUZZ_SECONDS) fuzz/corpus build-fuzz/fuzz/long
+
+# Times this library and the book's Python code on the same shapes and thread
+# counts, one run after the other, and prints one table (also written to
+# $(BUILD_DIR)/bench-report.md).
+BENCH_THREADS ?= 1,2
+BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+               --benchmark_min_time=0.2
+bench: deps deps-python configure
+	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_attention
+	$(BUILD_DIR)/benchmarks/bench_attention --threads $(BENCH_THREADS) $(BENCH_FLAGS) \
+	  --benchmark_out=$(BUILD_DIR)/bench-cpp.json --benchmark_out_format=json
+	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do \
+	  $(PYTHON) benchmarks/book_reference.py --threads $$t --out $(BUILD_DIR)/bench-book-threads$$t.json \
+	    || exit 1; \
+	done
+	python3 benchmarks/compare.py --cpp $(BUILD_DIR)/bench-cpp.json \
+	  $$(for t in $$(echo $(BENCH_THREADS) | tr , ' '); do echo --book $(BUILD_DIR)/bench-book-threads$$t.json; done) \
+	  --out $(BUILD_DIR)/bench-report.md
+	cat $(BUILD_DIR)/bench-report.md
+
+# Regenerates the golden fixtures from the Python reference code.
+fixtures: deps-python
+	$(PYTHON) tests/fixtures/generate_fixtures.py
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

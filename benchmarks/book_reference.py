@@ -6,8 +6,9 @@ Run with Debian's interpreter, which has torch 1.13.1 on OpenBLAS (the `python3`
     /usr/bin/python3 benchmarks/book_reference.py --threads 1 --out build/book-threads1.json
     /usr/bin/python3 benchmarks/book_reference.py --shapes toy,d2l --min-time 0.05 --repetitions 2 --no-memory
 
-The attention code below is copied from "Attention Scoring Functions" (the `#@tab pytorch` blocks) and
-d2l's `sequence_mask`, with no `d2l` import, so that the numbers are those of the code a reader runs.
+The attention code (tests/reference/d2l_book.py) is the book's "Attention Scoring Functions" code
+(the `#@tab pytorch` blocks) and d2l's `sequence_mask`, with no `d2l` import, so that the numbers are
+those of the code a reader runs.
 
 Conventions shared with the C++ benchmarks (benchmarks/compare.py joins the two on them):
 - case names: masked_softmax_{fwd,fwdbwd}, softmax_{fwd,fwdbwd}, dot_{fwd,fwdbwd}, additive_{fwd,fwdbwd};
@@ -35,80 +36,9 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-
-# ----------------------------------------------------------------------------------------------------------
-# The book's code, as printed (d2l.sequence_mask inlined from the d2l package).
-
-def sequence_mask(X, valid_len, value=0):
-    """Mask irrelevant entries in sequences."""
-    maxlen = X.size(1)
-    mask = torch.arange((maxlen), dtype=torch.float32,
-                        device=X.device)[None, :] < valid_len[:, None]
-    X[~mask] = value
-    return X
-
-
-def masked_softmax(X, valid_lens):
-    """Perform softmax operation by masking elements on the last axis."""
-    # `X`: 3D tensor, `valid_lens`: 1D or 2D tensor
-    if valid_lens is None:
-        return nn.functional.softmax(X, dim=-1)
-    else:
-        shape = X.shape
-        if valid_lens.dim() == 1:
-            valid_lens = torch.repeat_interleave(valid_lens, shape[1])
-        else:
-            valid_lens = valid_lens.reshape(-1)
-        # On the last axis, replace masked elements with a very large negative
-        # value, whose exponentiation outputs 0
-        X = sequence_mask(X.reshape(-1, shape[-1]), valid_lens,
-                          value=-1e6)
-        return nn.functional.softmax(X.reshape(shape), dim=-1)
-
-
-class AdditiveAttention(nn.Module):
-    def __init__(self, key_size, query_size, num_hiddens, dropout, **kwargs):
-        super(AdditiveAttention, self).__init__(**kwargs)
-        self.W_k = nn.Linear(key_size, num_hiddens, bias=False)
-        self.W_q = nn.Linear(query_size, num_hiddens, bias=False)
-        self.w_v = nn.Linear(num_hiddens, 1, bias=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, queries, keys, values, valid_lens):
-        queries, keys = self.W_q(queries), self.W_k(keys)
-        # After dimension expansion, shape of `queries`: (`batch_size`, no. of
-        # queries, 1, `num_hiddens`) and shape of `keys`: (`batch_size`, 1,
-        # no. of key-value pairs, `num_hiddens`). Sum them up with
-        # broadcasting
-        features = queries.unsqueeze(2) + keys.unsqueeze(1)
-        features = torch.tanh(features)
-        # There is only one output of `self.w_v`, so we remove the last
-        # one-dimensional entry from the shape. Shape of `scores`:
-        # (`batch_size`, no. of queries, no. of key-value pairs)
-        scores = self.w_v(features).squeeze(-1)
-        self.attention_weights = masked_softmax(scores, valid_lens)
-        # Shape of `values`: (`batch_size`, no. of key-value pairs, value
-        # dimension)
-        return torch.bmm(self.dropout(self.attention_weights), values)
-
-
-class DotProductAttention(nn.Module):
-    """Scaled dot product attention."""
-    def __init__(self, dropout, **kwargs):
-        super(DotProductAttention, self).__init__(**kwargs)
-        self.dropout = nn.Dropout(dropout)
-
-    # Shape of `queries`: (`batch_size`, no. of queries, `d`)
-    # Shape of `keys`: (`batch_size`, no. of key-value pairs, `d`)
-    # Shape of `values`: (`batch_size`, no. of key-value pairs, value
-    # dimension)
-    # Shape of `valid_lens`: (`batch_size`,) or (`batch_size`, no. of queries)
-    def forward(self, queries, keys, values, valid_lens=None):
-        d = queries.shape[-1]
-        # Set `transpose_b=True` to swap the last two dimensions of `keys`
-        scores = torch.bmm(queries, keys.transpose(1,2)) / math.sqrt(d)
-        self.attention_weights = masked_softmax(scores, valid_lens)
-        return torch.bmm(self.dropout(self.attention_weights), values)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests",
+                                "reference"))
+from d2l_book import AdditiveAttention, DotProductAttention, masked_softmax  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -22,3 +22,16 @@ find_package(OpenMP)
 # libtorch may be built with the pre-C++11 ABI (Debian's is not, the pip
 # wheels of 2.x are); follow whatever Torch says.
 string(REGEX MATCH "-D_GLIBCXX_USE_CXX11_ABI=[01]" D2L_TORCH_ABI "${TORCH_CXX_FLAGS}")
+
+# Imported targets are local to the directory that found them; a parent project
+# that uses us through add_subdirectory links d2l::attention, whose interface
+# names torch's targets, so they must be visible there too.
+if(NOT PROJECT_IS_TOP_LEVEL)
+  get_directory_property(D2L_IMPORTED_TARGETS IMPORTED_TARGETS)
+  foreach(target IN LISTS D2L_IMPORTED_TARGETS)
+    get_target_property(already_global ${target} IMPORTED_GLOBAL)
+    if(NOT already_global)
+      set_target_properties(${target} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
+endif()

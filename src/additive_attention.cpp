@@ -1,6 +1,5 @@
 #include <d2l/additive_attention.h>
 
-#include <torch/nn/functional/dropout.h>
 #include <torch/nn/functional/linear.h>
 
 #include <fmt/format.h>
@@ -77,7 +76,10 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention_nocheck(
   auto weights = additive_weights_nocheck(projected_queries, projected_keys,
                                           attention.w_v->weight, valid_lens,
                                           attention.options.impl());
-  auto output = torch::bmm(attention.dropout(weights), values);
+  // The registered dropout module decides, as in the book (its p and mode).
+  auto output = torch::bmm(detail::dropout_weights(weights, attention.dropout->options.p(),
+                                                   attention.dropout->is_training()),
+                           values);
   if (attention.options.record_attention_weights()) {
     std::lock_guard<std::mutex> lock(*attention.record_mutex_);
     attention.attention_weights = weights;

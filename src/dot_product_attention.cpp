@@ -1,6 +1,5 @@
 #include <d2l/dot_product_attention.h>
 
-#include <torch/nn/functional/dropout.h>
 
 #include <fmt/format.h>
 
@@ -10,6 +9,14 @@
 #include "internal.h"
 
 namespace d2l {
+namespace detail {
+
+torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training) {
+  return training && p > 0 ? torch::dropout(weights, p, training) : weights;
+}
+
+}  // namespace detail
+
 namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
@@ -21,14 +28,19 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
               fmt::format("{}: queries and keys must have the same feature size, got queries {} "
                           "and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
+  // Zero features would make every score 0 / sqrt(0): NaN weights, silently.
+  TORCH_CHECK(queries.size(2) > 0,
+              fmt::format("{}: queries and keys must have at least one feature (scores are "
+                          "scaled by 1/sqrt(d)), got queries {} and keys {}",
+                          fn, detail::shape_of(queries), detail::shape_of(keys)));
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
   const auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials.
   auto weights = detail::use_fused(fn, impl, queries.device())
                      ? detail::fused_masked_softmax(qk, valid_lens, 1.0 / sqrt_d)
                      : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
-  auto dropped = torch::nn::functional::detail::dropout(weights, dropout, training, false);
-  return {torch::bmm(dropped, values), std::move(weights)};
+  return {torch::bmm(detail::dropout_weights(weights, dropout, training), values),
+          std::move(weights)};
 }
 
 }  // namespace functional
@@ -57,7 +69,8 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& values,
                                                const torch::Tensor& valid_lens) {
   auto [output, weights] = functional::dot_product_attention(
-      queries, keys, values, valid_lens, options.dropout(), is_training(), options.impl());
+      queries, keys, values, valid_lens, dropout->options.p(), dropout->is_training(),
+      options.impl());
   if (options.record_attention_weights()) {
     std::lock_guard<std::mutex> lock(*record_mutex_);
     attention_weights = std::move(weights);

@@ -160,6 +160,15 @@ Scale make_scale(const Matrices& m) {
     s.lo -= 0.5;
     s.hi += 0.5;
   }
+  // Far from zero ±0.5 vanishes in rounding (a constant 1e30 left a zero span:
+  // NaN fractions), and a narrow range such as 1e17 .. 1e17 + 16 would count
+  // colour-bar ticks beyond double's integers: keep the span at least a
+  // billionth of the values' magnitude, within the finite doubles.
+  const double widen = std::max(std::abs(s.lo), std::abs(s.hi)) * 1e-9 - s.half_span();
+  if (widen > 0) {
+    s.lo = std::max(s.lo - widen, std::numeric_limits<double>::lowest());
+    s.hi = std::min(s.hi + widen, std::numeric_limits<double>::max());
+  }
   return s;
 }
 

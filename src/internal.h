@@ -47,9 +47,14 @@ torch::Tensor fused_additive(const torch::Tensor& projected_queries,
 
 /// Additive scores by blocks of queries with ATen ops (any device), backward
 /// recomputing tanh: memory stays bounded by a block's features.
+/// `chunk_bytes` bounds one block's (B, c, m, h) features.
 torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
                                       const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v);
+                                      const torch::Tensor& w_v,
+                                      int64_t chunk_bytes = int64_t{64} << 20);
+
+/// Dropout of attention weights; no dispatcher call when it is the identity.
+torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training);
 
 /// Whether `impl` runs the fused CPU kernels for tensors on `device`; throws
 /// (naming `fn`) for kFused off the CPU.

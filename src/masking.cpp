@@ -46,6 +46,18 @@ torch::Tensor sequence_mask(const torch::Tensor& X, const torch::Tensor& valid_l
                 fmt::format("{}: value {} does not fit X's dtype {} (largest finite value {})", fn,
                             value, c10::toString(X.scalar_type()), max));
   }
+  if (at::isIntegralType(X.scalar_type(), /*includeBool=*/false)) {
+    // ATen would throw std::runtime_error past the range, and convert NaN to garbage.
+    double lo = 0, hi = 0;
+    AT_DISPATCH_INTEGRAL_TYPES(X.scalar_type(), "d2l::sequence_mask", [&] {
+      lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+      hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
+    });
+    // hi + 1 is exact (a power of two) where hi itself rounds up, as for int64.
+    TORCH_CHECK(value >= lo && value < hi + 1,
+                fmt::format("{}: value {} does not fit X's dtype {} (range [{}, {}])", fn, value,
+                            c10::toString(X.scalar_type()), lo, hi));
+  }
 
   auto mask = detail::length_mask(valid_len, X.size(0), X.size(1));
   std::vector<int64_t> view(X.dim(), 1);

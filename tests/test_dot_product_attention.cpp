@@ -93,6 +93,9 @@ TEST(DotProductAttention, RejectsBadArguments) {
   EXPECT_THAT(error_message([&] { attention(q, torch::randn({2, 10, 4}), v); }),
               HasSubstr(fn + "queries and keys must have the same feature size, got queries "
                              "[2, 1, 3] and keys [2, 10, 4]"));
+  EXPECT_THAT(error_message([&] { attention(torch::randn({2, 1, 0}), torch::randn({2, 10, 0}), v); }),
+              HasSubstr(fn + "queries and keys must have at least one feature (scores are scaled "
+                             "by 1/sqrt(d)), got queries [2, 1, 0] and keys [2, 10, 0]"));
   EXPECT_THAT(error_message([&] { attention(torch::randn({2, 3}), k, v); }),
               HasSubstr(fn + "queries must be a 3-D tensor, got [2, 3]"));
   EXPECT_THAT(error_message([&] { attention(torch::randn({3, 1, 3}), k, v); }),

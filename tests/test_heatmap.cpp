@@ -286,6 +286,25 @@ TEST(HeatmapSvg, HandlesTheWidestDoubleRange) {
   EXPECT_THAT(labels, Each(AllOf(Not(HasSubstr("inf")), Not(HasSubstr("nan")))));
 }
 
+// Found by the fuzzer: a constant 1e30 gave the scale a zero span (NaN colour
+// fractions); a narrow range far from zero must not count ticks forever.
+TEST(HeatmapSvg, ConstantOrNarrowRangesFarFromZeroDraw) {
+  const std::vector<std::pair<double, double>> ranges = {
+      {1e30, 1e30}, {-1e300, -1e300}, {1.7e308, 1.7e308}, {1e17, 1e17 + 16}, {-1e20, -1e20 + 1e5}};
+  for (const auto& [lo, hi] : ranges) {
+    const auto m = torch::tensor({lo, hi, kInf}, torch::kDouble).reshape({1, 1, 1, 3});
+    const auto svg = d2l::heatmaps_svg(m);
+    const auto c = cells(svg);
+    ASSERT_EQ(c.size(), 3u);
+    EXPECT_EQ(c[2].fill, "#67000d") << lo;
+    EXPECT_THAT(texts_in_group(svg, "cbticks"),
+                Each(AllOf(Not(HasSubstr("inf")), Not(HasSubstr("nan")))))
+        << lo;
+    EXPECT_GE(texts_in_group(svg, "cbticks").size(), 3u) << lo;
+    EXPECT_THAT(d2l::heatmaps_ansi(m), Not(HasSubstr("nan"))) << lo;
+  }
+}
+
 TEST(HeatmapSvg, AllNaNStillDraws) {
   const auto svg = d2l::heatmaps_svg(torch::full({1, 1, 2, 2}, kNaN, torch::kDouble));
   EXPECT_THAT(cells(svg), Each(::testing::Field(&Cell::fill, "url(#d2l-heatmap-nan)")));

@@ -52,6 +52,20 @@ TEST(SequenceMask, RejectsBadArguments) {
                 d2l::sequence_mask(torch::ones({2, 3}, torch::kHalf), torch::tensor({1, 2}), -1e6);
               }),
               HasSubstr("d2l::sequence_mask: value -1000000 does not fit X's dtype Half"));
+  // Found by the fuzzer: ATen threw std::runtime_error here, and took NaN.
+  for (double value : {300.0, -129.0, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_THAT(error_message([&] {
+                  d2l::sequence_mask(torch::ones({2, 3}, torch::kChar), torch::tensor({1, 2}), value);
+                }),
+                HasSubstr("does not fit X's dtype Char (range [-128, 127])"));
+  }
+  EXPECT_THAT(error_message([] {
+                d2l::sequence_mask(torch::ones({2, 3}, torch::kLong), torch::tensor({1, 2}), 1e19);
+              }),
+              HasSubstr("d2l::sequence_mask: value 1e+19 does not fit X's dtype Long"));
+  EXPECT_EQ(d2l::sequence_mask(torch::ones({2, 3}, torch::kByte), torch::tensor({1, 2}), 255)[0][2]
+                .item<int64_t>(),
+            255);
 }
 
 // ---------------------------------------------------------------- masked_softmax
@@ -61,6 +75,7 @@ using MaskedSoftmaxFn = torch::Tensor (*)(const torch::Tensor&, const torch::Ten
 struct Implementation {
   const char* name;
   MaskedSoftmaxFn fn;
+  const char* function;  // as named in its error messages
 };
 
 void PrintTo(const Implementation& impl, std::ostream* os) { *os << impl.name; }
@@ -91,6 +106,19 @@ TEST_P(MaskedSoftmax, UndefinedLengthsIsAPlainSoftmax) {
 TEST_P(MaskedSoftmax, LengthsAboveTheKeyCountMeanAllValid) {
   const auto X = torch::randn({2, 3, 5}, torch::kDouble);
   EXPECT_TRUE(torch::allclose(run(X, torch::tensor({5, 100})), torch::softmax(X, -1), 1e-14, 0));
+}
+
+// Whole floating-point lengths beyond int64 (found by fuzz_attention: the
+// fused kernel once converted 1e20 to a negative length and wrote out of bounds).
+TEST_P(MaskedSoftmax, FloatingLengthsBeyondInt64MeanAllValid) {
+  const auto X = torch::randn({2, 3, 5}, torch::kDouble);
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (double huge : {1e20, 9223372036854775808.0, 3e38}) {
+      const auto lens = torch::tensor({huge, 2.0}).to(dtype);
+      EXPECT_TRUE(torch::allclose(run(X, lens), run(X, torch::tensor({5, 2})), 1e-14, 0))
+          << c10::toString(dtype) << " " << huge;
+    }
+  }
 }
 
 TEST_P(MaskedSoftmax, ZeroLengthRowsGetZeroWeightsAndNoNaN) {
@@ -185,7 +213,7 @@ TEST_P(MaskedSoftmax, GradientsStayFiniteWithPoisonedMaskedScores) {
 
 TEST_P(MaskedSoftmax, RejectsBadArguments) {
   const auto X = torch::randn({2, 3, 4});
-  const std::string fn = "d2l::masked_softmax: ";
+  const std::string fn = std::string(GetParam().function) + ": ";
   EXPECT_THAT(error_message([&] { run(torch::randn({2, 4}), torch::tensor({1, 2})); }),
               HasSubstr(fn + "X must be a 3-D tensor, got [2, 4]"));
   EXPECT_THAT(error_message([&] { run(torch::ones({2, 3, 4}, torch::kLong), torch::tensor({1, 2})); }),
@@ -213,6 +241,12 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto X = torch::randn({3, 4, 37});
   const auto lens = torch::tensor({{0, 5, 37, 40}, {1, 2, 3, 4}, {9, 9, 9, 9}});
+  if (std::string(GetParam().name) == "fused") {
+    EXPECT_THAT(error_message([&] { run(X.cuda(), lens.cuda()); }),
+                HasSubstr("d2l::fused::masked_softmax: the fused kernel runs on the CPU, got X on "
+                          "cuda:0"));
+    return;
+  }
   const auto out = run(X.cuda(), lens.cuda());
   EXPECT_TRUE(out.is_cuda());
   EXPECT_LT(max_rel_error(out.cpu(), reference_masked_softmax(X, lens)), 1e-6);
@@ -223,8 +257,10 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
 
 INSTANTIATE_TEST_SUITE_P(
     Implementations, MaskedSoftmax,
-    ::testing::Values(Implementation{"default", &d2l::masked_softmax},
-                      Implementation{"composite", &d2l::composite::masked_softmax}),
+    ::testing::Values(
+        Implementation{"default", &d2l::masked_softmax, "d2l::masked_softmax"},
+        Implementation{"composite", &d2l::composite::masked_softmax, "d2l::masked_softmax"},
+        Implementation{"fused", &d2l::fused::masked_softmax, "d2l::fused::masked_softmax"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -39,7 +39,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
     torch::Tensor kT, out = torch::empty({q.size(0), q.size(1), m}, q.options());
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
       const auto& kernels = cpu::kernels<scalar_t>();
-      kT = transposed_keys(keys.to(q.scalar_type()), kernels.vector_size);
+      kT = transposed_keys(as_dtype(keys, q.scalar_type()), kernels.vector_size);
       kernels.additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(),
                                w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                                shape_of(q, kT, m), row_lengths(lens, q.size(1)), softmax);
@@ -47,7 +47,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
     ctx->save_for_backward({q, kT, w, out, lens});
     ctx->saved_data["softmax"] = softmax;
     ctx->saved_data["m"] = m;
-    return out.to(queries.scalar_type());
+    return as_dtype(out, queries.scalar_type());
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -58,7 +58,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
     const auto &q = saved[0], &kT = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
     const bool softmax = ctx->saved_data["softmax"].toBool();
     const int64_t m = ctx->saved_data["m"].toInt();
-    const auto dout = grads[0].to(q.scalar_type()).contiguous();
+    const auto dout = as_dtype(grads[0], q.scalar_type()).contiguous();
     auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
       cpu::kernels<scalar_t>().additive_backward(
@@ -68,17 +68,15 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
           row_lengths(lens, q.size(1)), softmax);
     });
     const auto dtype = grads[0].scalar_type();
-    return {dq.to(dtype), dkT.narrow(2, 0, m).transpose(1, 2).to(dtype), dw.to(dtype),
-            torch::Tensor(), torch::Tensor()};
+    return {as_dtype(dq, dtype), as_dtype(dkT.narrow(2, 0, m).transpose(1, 2), dtype),
+            as_dtype(dw, dtype), torch::Tensor(), torch::Tensor()};
   }
 };
 
-// Queries per block so that one block's (B, c, m, h) features stay near this size.
-constexpr int64_t kChunkBytes = int64_t{64} << 20;
-
-int64_t chunk_queries(const torch::Tensor& q, const torch::Tensor& k) {
+// Queries per block so that one block's (B, c, m, h) features stay near chunk_bytes.
+int64_t chunk_queries(const torch::Tensor& q, const torch::Tensor& k, int64_t chunk_bytes) {
   const int64_t per_query = q.size(0) * k.size(1) * q.size(2) * q.element_size();
-  return std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, per_query));
+  return std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(1, per_query));
 }
 
 torch::Tensor chunk_features(const torch::Tensor& q, const torch::Tensor& k, int64_t i0,
@@ -88,14 +86,16 @@ torch::Tensor chunk_features(const torch::Tensor& q, const torch::Tensor& k, int
 
 struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& w_v) {
+                               const torch::Tensor& k, const torch::Tensor& w_v,
+                               int64_t chunk_bytes) {
     auto scores = torch::empty({q.size(0), q.size(1), k.size(1)}, q.options());
-    const int64_t step = chunk_queries(q, k);
+    const int64_t step = chunk_queries(q, k, chunk_bytes);
     for (int64_t i0 = 0; i0 < q.size(1); i0 += step) {
       const int64_t c = std::min(step, q.size(1) - i0);
       scores.narrow(1, i0, c).copy_(torch::matmul(chunk_features(q, k, i0, c), w_v.t()).squeeze(-1));
     }
     ctx->save_for_backward({q, k, w_v});
+    ctx->saved_data["step"] = step;
     return scores;
   }
 
@@ -107,7 +107,7 @@ struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFuncti
     const auto &q = saved[0], &k = saved[1], &w = saved[2];
     const auto& ds = grads[0];
     auto dq = torch::empty_like(q), dk = torch::zeros_like(k), dw = torch::zeros_like(w);
-    const int64_t step = chunk_queries(q, k);
+    const int64_t step = ctx->saved_data["step"].toInt();
     for (int64_t i0 = 0; i0 < q.size(1); i0 += step) {
       const int64_t c = std::min(step, q.size(1) - i0);
       const auto t = chunk_features(q, k, i0, c);
@@ -117,7 +117,7 @@ struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFuncti
       dq.narrow(1, i0, c).copy_(u.sum(2));
       dk += u.sum(1);
     }
-    return {dq, dk, dw};
+    return {dq, dk, dw, torch::Tensor()};
   }
 };
 
@@ -137,8 +137,8 @@ torch::Tensor fused_additive(const torch::Tensor& projected_queries,
 
 torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
                                       const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v) {
-  return ChunkedAdditiveFunction::apply(projected_queries, projected_keys, w_v);
+                                      const torch::Tensor& w_v, int64_t chunk_bytes) {
+  return ChunkedAdditiveFunction::apply(projected_queries, projected_keys, w_v, chunk_bytes);
 }
 
 }  // namespace d2l::detail

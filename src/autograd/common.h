@@ -18,8 +18,21 @@ inline torch::Tensor compute_type(const torch::Tensor& t) {
 /// Autograd functions take no undefined tensors: "no lengths" travels as an
 /// empty int64 tensor (a batch of zero rows needs none either).
 inline torch::Tensor lengths_arg(const torch::Tensor& valid_lens) {
-  return valid_lens.defined() ? valid_lens.to(torch::kLong).contiguous()
-                              : torch::empty({0}, torch::kLong);
+  if (!valid_lens.defined()) return torch::empty({0}, torch::kLong);
+  // A floating-point length may be a whole number beyond int64 (1e20), which
+  // converts to a negative one; any length past the keys means "all valid".
+  if (at::isFloatingType(valid_lens.scalar_type())) {
+    return valid_lens.clamp_max(static_cast<double>(int64_t{1} << 62)).to(torch::kLong).contiguous();
+  }
+  // Skipping no-op conversions matters at toy sizes: each is a dispatcher call.
+  const auto lens = valid_lens.scalar_type() == torch::kLong ? valid_lens
+                                                             : valid_lens.to(torch::kLong);
+  return lens.contiguous();
+}
+
+/// `t` in `dtype`, without a dispatcher round trip when it already is.
+inline torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
 }
 
 /// Per-row view of a lengths_arg tensor for rows of `queries` queries each.

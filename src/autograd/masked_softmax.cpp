@@ -24,13 +24,13 @@ torch::Tensor kernel_forward(const torch::Tensor& X, const torch::Tensor& lens, 
                                              m, row_lengths(lens, queries),
                                              static_cast<scalar_t>(scale));
   });
-  return y.to(X.scalar_type());
+  return as_dtype(y, X.scalar_type());
 }
 
 torch::Tensor kernel_backward(const torch::Tensor& Y, const torch::Tensor& dY,
                               const torch::Tensor& lens, double scale) {
   const auto y = compute_type(Y);
-  const auto dy = dY.to(y.scalar_type()).contiguous();
+  const auto dy = as_dtype(dY, y.scalar_type()).contiguous();
   auto dx = torch::empty_like(y, at::MemoryFormat::Contiguous);
   const int64_t m = y.size(-1), rows = m == 0 ? 0 : y.numel() / m;
   const int64_t queries = y.dim() == 3 ? y.size(1) : 1;
@@ -40,7 +40,7 @@ torch::Tensor kernel_backward(const torch::Tensor& Y, const torch::Tensor& dY,
                                               row_lengths(lens, queries),
                                               static_cast<scalar_t>(scale));
   });
-  return dx.to(Y.scalar_type());
+  return as_dtype(dx, Y.scalar_type());
 }
 
 // The same gradient with differentiable ATen ops, for double backward.

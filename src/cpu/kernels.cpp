@@ -29,8 +29,8 @@ int64_t grain_for(int64_t cost_per_row) {
 
 // tanh(x) = x P(x²) / Q(x²) on |x| <= 7.905 (beyond it tanh rounds to ±1 in
 // float): the minimax rational approximation Eigen uses. Only FMAs and one
-// division, about a tenth of SLEEF's cost; max error 6.5 ulp (4e-7 absolute),
-// swept over the float range in the tests.
+// division, about a tenth of SLEEF's cost; max error a few ulp (4e-7
+// absolute), swept over the float range in the tests.
 inline Vectorized<float> vec_tanh(Vectorized<float> x) {
   using V = Vectorized<float>;
   const V clamp(7.90531110763549805f);
@@ -47,7 +47,9 @@ inline Vectorized<float> vec_tanh(Vectorized<float> x) {
   q = at::vec::fmadd(q, x2, V(1.18534705686654e-04f));
   q = at::vec::fmadd(q, x2, V(2.26843463243900e-03f));
   q = at::vec::fmadd(q, x2, V(4.89352518554385e-03f));
-  return x * p / q;
+  // x * (p / q), not (x * p) / q: x * p underflows to a subnormal with few
+  // significant bits for tiny x, while p / q is within 2 ulp of 1 there.
+  return x * (p / q);
 }
 
 // Double keeps full accuracy: the golden tests compare to 1e-10.
@@ -63,25 +65,66 @@ void tanh_kernel(const T* x, T* y, int64_t n) {
   });
 }
 
+// The last, partial vector of a row's first L entries. When the row has room
+// for a whole vector past position j (room >= size), it is loaded whole, which
+// is far cheaper than a partial load; callers blend away lanes r.. with
+// Vectorized::set before using them, so masked entries never count.
 template <typename T>
-T row_max(const T* x, int64_t L) {
-  using V = Vectorized<T>;
-  V vmax(-std::numeric_limits<T>::infinity());
-  int64_t j = 0;
-  for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
-  T mx = at::vec::vec_reduce_all<T>([](V& a, V& b) { return at::vec::maximum(a, b); }, vmax);
-  for (; j < L; ++j) mx = std::isnan(x[j]) ? x[j] : std::max(mx, x[j]);
+Vectorized<T> load_tail(const T* p, int64_t r, int64_t room) {
+  return room >= Vectorized<T>::size() ? Vectorized<T>::loadu(p) : Vectorized<T>::loadu(p, r);
+}
+
+template <typename T>
+void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
+  if (room >= Vectorized<T>::size()) {
+    v.store(p);
+  } else {
+    v.store(p, r);
+  }
+}
+
+// Horizontal sum and max of one vector. ATen's vec_reduce_all does log-free
+// shuffles through memory in a loop; per row that costs more than the row.
+template <typename T>
+T horizontal_sum(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T sum = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) sum += lanes[i];
+  return sum;
+}
+
+template <typename T>
+T horizontal_max(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T mx = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) {
+    mx = (std::isnan(mx) || mx > lanes[i]) && !std::isnan(lanes[i]) ? mx : lanes[i];
+  }
   return mx;
 }
 
+template <typename T>
+T row_max(const T* x, int64_t L, int64_t m) {
+  using V = Vectorized<T>;
+  const V lowest(-std::numeric_limits<T>::infinity());
+  V vmax = lowest;
+  int64_t j = 0;
+  for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
+  if (j < L) vmax = at::vec::maximum(vmax, V::set(lowest, load_tail(x + j, L - j, m - j), L - j));
+  return horizontal_max(vmax);
+}
+
 // One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
-// entries are never read, so whatever they hold (inf, NaN) cannot leak.
+// entries never reach a sum or an output lane, so whatever they hold (inf,
+// NaN) cannot leak.
 template <typename T>
 void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
   using V = Vectorized<T>;
   std::fill(y + L, y + m, T(0));
   if (L == 0) return;
-  const T mx = row_max(x, L);
+  const T mx = row_max(x, L, m);
   const V vmax(mx), vscale(scale);
   V vsum(0);
   int64_t j = 0;
@@ -90,20 +133,20 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
     e.store(y + j);
     vsum = vsum + e;
   }
-  if (j < L) {
-    const int64_t r = L - j;
-    const V e = V::set(V(0), ((V::loadu(x + j, r) - vmax) * vscale).exp(), r);
-    e.store(y + j, r);
+  const int64_t r = L - j;
+  if (r > 0) {
+    const V e = V::set(V(0), ((load_tail(x + j, r, m - j) - vmax) * vscale).exp(), r);
+    store_tail(e, y + j, r, m - j);
     vsum = vsum + e;
   }
-  const T sum = at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vsum);
-  const V inv(T(1) / sum);
-  j = 0;
-  for (; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
-  if (j < L) (V::loadu(y + j, L - j) * inv).store(y + j, L - j);
+  const V inv(T(1) / horizontal_sum(vsum));
+  for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
+  // Lanes past L hold zeros already, and stay zeros.
+  if (r > 0) store_tail(load_tail(y + j, r, m - j) * inv, y + j, r, m - j);
 }
 
 // dx = scale * y * (dy - <dy, y>) on the valid entries, zeros after them.
+// dy's masked entries (possibly inf or NaN) are blended away before use.
 template <typename T>
 void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, T scale) {
   using V = Vectorized<T>;
@@ -113,16 +156,19 @@ void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, 
   for (; j + V::size() <= L; j += V::size()) {
     vdot = at::vec::fmadd(V::loadu(y + j), V::loadu(dy + j), vdot);
   }
-  if (j < L) vdot = at::vec::fmadd(V::loadu(y + j, L - j), V::loadu(dy + j, L - j), vdot);
-  const V dot(at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, vdot));
+  const int64_t r = L - j;
+  if (r > 0) {
+    const V prod = load_tail(y + j, r, m - j) * load_tail(dy + j, r, m - j);
+    vdot = vdot + V::set(V(0), prod, r);
+  }
+  const V dot(horizontal_sum(vdot));
   const V vscale(scale);
-  j = 0;
-  for (; j + V::size() <= L; j += V::size()) {
+  for (j = 0; j + V::size() <= L; j += V::size()) {
     (vscale * V::loadu(y + j) * (V::loadu(dy + j) - dot)).store(dx + j);
   }
-  if (j < L) {
-    const int64_t r = L - j;
-    (vscale * V::loadu(y + j, r) * (V::loadu(dy + j, r) - dot)).store(dx + j, r);
+  if (r > 0) {
+    const V g = vscale * load_tail(y + j, r, m - j) * (load_tail(dy + j, r, m - j) - dot);
+    store_tail(V::set(V(0), g, r), dx + j, r, m - j);
   }
 }
 
@@ -177,50 +223,67 @@ void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape
   });
 }
 
-// Per batch entry b: for every query i and valid key j,
-//   t = tanh(q_i + k_j), u = ds_ij * w * (1 - t²),
-//   dq_i += u, dk_j += u, dw += ds_ij * t.
-// Batches run in parallel: each owns its dk and dq rows, dw gets one
-// accumulator per thread, summed at the end.
+// Queries handled together in backward: they share each key vector's load
+// and one read-modify-write of dk per key and hidden unit.
+constexpr int64_t kQueryBlock = 4;
+
+// Per batch entry b, for every query i and valid key j, with t = tanh(q_i + k_j)
+// and g = ds_ij (1 - t²):  dq_i += w g,  dk_j += w g,  dw += ds_ij t.
+// w is factored out of the sums over j and i. Batches run in parallel: each
+// owns its dk and dq rows; dw gets one accumulator per thread.
 template <typename T>
 void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T* dout, T* dq,
                        T* dkT, T* dw, AdditiveShape s, RowLengths lens, bool softmax) {
   using V = Vectorized<T>;
+  constexpr int64_t R = kQueryBlock;
   const int64_t threads = at::get_num_threads();
   std::vector<V> dw_acc(threads * s.h, V(0));
   std::fill(dkT, dkT + s.B * s.h * s.m_pad, T(0));
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
     V* dw_thread = dw_acc.data() + at::get_thread_num() * s.h;
-    std::vector<T> ds(s.m_pad);
-    std::vector<V> dq_acc(s.h);
+    std::vector<T> ds(R * s.m_pad);
+    std::vector<V> dq_acc(R * s.h);
     for (int64_t b = begin; b < end; ++b) {
       const T* kTb = kT + b * s.h * s.m_pad;
       T* dkTb = dkT + b * s.h * s.m_pad;
-      for (int64_t i = 0; i < s.n; ++i) {
-        const int64_t r = b * s.n + i;
-        const int64_t L = softmax ? lens.at(r, s.m) : s.m;
+      for (int64_t i0 = 0; i0 < s.n; i0 += R) {
+        const int64_t rows = std::min(R, s.n - i0);
+        int64_t L = 0;
         std::fill(ds.begin(), ds.end(), T(0));
-        if (softmax) {
-          softmax_backward_row(y + r * s.m, dout + r * s.m, ds.data(), L, s.m, T(1));
-        } else {
-          std::copy(dout + r * s.m, dout + r * s.m + s.m, ds.begin());
-        }
-        std::fill(dq_acc.begin(), dq_acc.end(), V(0));
-        const T* qr = q + r * s.h;
-        for (int64_t j = 0; j < L; j += V::size()) {
-          const V dsv = V::loadu(ds.data() + j);
-          for (int64_t c = 0; c < s.h; ++c) {
-            const V t = vec_tanh(V(qr[c]) + V::loadu(kTb + c * s.m_pad + j));
-            dw_thread[c] = at::vec::fmadd(dsv, t, dw_thread[c]);
-            const V u = dsv * V(w[c]) * (V(1) - t * t);
-            dq_acc[c] = dq_acc[c] + u;
-            T* dk = dkTb + c * s.m_pad + j;
-            (V::loadu(dk) + u).store(dk);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t row = b * s.n + i0 + r, Lr = softmax ? lens.at(row, s.m) : s.m;
+          L = std::max(L, Lr);
+          T* dsr = ds.data() + r * s.m_pad;
+          if (softmax) {
+            softmax_backward_row(y + row * s.m, dout + row * s.m, dsr, Lr, s.m, T(1));
+          } else {
+            std::copy(dout + row * s.m, dout + (row + 1) * s.m, dsr);
           }
         }
-        for (int64_t c = 0; c < s.h; ++c) {
-          dq[r * s.h + c] =
-              at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, dq_acc[c]);
+        std::fill(dq_acc.begin(), dq_acc.end(), V(0));
+        const T* qb = q + (b * s.n + i0) * s.h;
+        for (int64_t j = 0; j < L; j += V::size()) {
+          V dsv[R];
+          for (int64_t r = 0; r < R; ++r) dsv[r] = V::loadu(ds.data() + r * s.m_pad + j);
+          for (int64_t c = 0; c < s.h; ++c) {
+            const V k = V::loadu(kTb + c * s.m_pad + j);
+            V dk(0), dwc = dw_thread[c];
+            for (int64_t r = 0; r < rows; ++r) {
+              const V t = vec_tanh(V(qb[r * s.h + c]) + k);
+              const V g = dsv[r] - dsv[r] * t * t;
+              dq_acc[r * s.h + c] = dq_acc[r * s.h + c] + g;
+              dk = dk + g;
+              dwc = at::vec::fmadd(dsv[r], t, dwc);
+            }
+            dw_thread[c] = dwc;
+            T* dkp = dkTb + c * s.m_pad + j;
+            at::vec::fmadd(dk, V(w[c]), V::loadu(dkp)).store(dkp);
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < s.h; ++c) {
+            dq[(b * s.n + i0 + r) * s.h + c] = w[c] * horizontal_sum(dq_acc[r * s.h + c]);
+          }
         }
       }
     }
@@ -228,7 +291,7 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   for (int64_t c = 0; c < s.h; ++c) {
     V total(0);
     for (int64_t t = 0; t < threads; ++t) total = total + dw_acc[t * s.h + c];
-    dw[c] = at::vec::vec_reduce_all<T>([](V& a, V& b) { return a + b; }, total);
+    dw[c] = horizontal_sum(total);
   }
 }
 

@@ -1,0 +1,269 @@
+// Google Benchmark timings of the library's fused paths, its composite (book)
+// paths and the floors they are judged against, on the shapes of
+// benchmarks/book_reference.py. Names: `[composite:]<case>/<shape>/threads:<N>`,
+// read by benchmarks/compare.py.
+//
+//   bench_attention [--threads 1,2] [--shapes toy,d2l,mid,big] [--no-memory]
+//                   [--composite-big] [Google Benchmark flags]
+
+#include <benchmark/benchmark.h>
+#include <d2l/attention.h>
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+
+namespace {
+
+struct Shape {
+  std::string name;
+  int64_t B, n, m, d, h;
+};
+
+const std::vector<Shape> kShapes = {{"toy", 2, 1, 10, 2, 8},
+                                    {"d2l", 64, 10, 10, 32, 32},
+                                    {"mid", 32, 128, 128, 64, 64},
+                                    {"big", 8, 512, 512, 64, 128}};
+
+// Inputs shared by every case of a shape, drawn as the Python script does:
+// float32, standard normal, one random valid length per batch row in [1, m].
+struct Inputs {
+  torch::Tensor scores, lens, queries, keys, values, upstream_scores, upstream_out;
+};
+
+Inputs make_inputs(const Shape& s) {
+  torch::manual_seed(0);
+  return {torch::randn({s.B, s.n, s.m}),
+          torch::randint(1, s.m + 1, {s.B}),
+          torch::randn({s.B, s.n, s.d}),
+          torch::randn({s.B, s.m, s.d}),
+          torch::randn({s.B, s.m, s.d}),
+          torch::randn({s.B, s.n, s.m}),
+          torch::randn({s.B, s.n, s.d})};
+}
+
+// ---------------------------------------------------------------- peak memory
+
+int64_t status_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field))) * 1024;
+  }
+  return -1;
+}
+
+// Growth of the resident-set high-water mark over one call of `fn`; the mark
+// is reset first (clear_refs 5), since ru_maxrss only ever grows.
+double peak_rss_delta(const std::function<void()>& fn) {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t before = status_bytes("VmRSS:");
+  fn();
+  return static_cast<double>(status_bytes("VmHWM:") - before);
+}
+
+// ---------------------------------------------------------------- cases
+
+using Body = std::function<void()>;
+using CaseFactory = std::function<Body(const Shape&, const Inputs&)>;
+
+Body forward_only(std::function<torch::Tensor()> f) {
+  return [f] {
+    torch::NoGradGuard no_grad;
+    benchmark::DoNotOptimize(f());
+  };
+}
+
+// Forward, then backward of `upstream` into fresh leaves (grads reset each time).
+Body forward_backward(std::vector<torch::Tensor> leaves, torch::Tensor upstream,
+                      std::function<torch::Tensor(const std::vector<torch::Tensor>&)> f,
+                      std::vector<torch::Tensor> params = {}) {
+  for (auto& t : leaves) t = t.detach().clone().requires_grad_();
+  return [=]() mutable {
+    for (auto& t : leaves) t.mutable_grad().reset();
+    for (auto& p : params) p.mutable_grad().reset();
+    f(leaves).backward(upstream);
+  };
+}
+
+d2l::AdditiveAttention additive_module(const Shape& s, d2l::Impl impl) {
+  torch::manual_seed(1);
+  d2l::AdditiveAttention a(d2l::AdditiveAttentionOptions(s.d, s.d, s.h).impl(impl));
+  a->eval();
+  return a;
+}
+
+d2l::DotProductAttention dot_module(d2l::Impl impl) {
+  d2l::DotProductAttention a(d2l::DotProductAttentionOptions().impl(impl));
+  a->eval();
+  return a;
+}
+
+std::map<std::string, CaseFactory> cases_for(d2l::Impl impl) {
+  const bool fused = impl != d2l::Impl::kComposite;
+  auto softmax = fused ? &d2l::masked_softmax : &d2l::composite::masked_softmax;
+  std::map<std::string, CaseFactory> c;
+  c["masked_softmax_fwd"] = [=](const Shape&, const Inputs& in) {
+    return forward_only([=] { return softmax(in.scores, in.lens); });
+  };
+  c["masked_softmax_fwdbwd"] = [=](const Shape&, const Inputs& in) {
+    return forward_backward({in.scores}, in.upstream_scores,
+                            [=](const auto& x) { return softmax(x[0], in.lens); });
+  };
+  c["dot_fwd"] = [=](const Shape&, const Inputs& in) {
+    auto a = dot_module(impl);
+    return forward_only([=]() mutable { return a(in.queries, in.keys, in.values, in.lens); });
+  };
+  c["dot_fwdbwd"] = [=](const Shape&, const Inputs& in) {
+    auto a = dot_module(impl);
+    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
+                            [=](const auto& x) mutable { return a(x[0], x[1], x[2], in.lens); });
+  };
+  c["additive_fwd"] = [=](const Shape& s, const Inputs& in) {
+    auto a = additive_module(s, impl);
+    return forward_only([=]() mutable { return a(in.queries, in.keys, in.values, in.lens); });
+  };
+  c["additive_fwdbwd"] = [=](const Shape& s, const Inputs& in) {
+    auto a = additive_module(s, impl);
+    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
+                            [=](const auto& x) mutable { return a(x[0], x[1], x[2], in.lens); },
+                            a->parameters());
+  };
+  return c;
+}
+
+constexpr int64_t kTanhBlock = 16384;  // floats: 64 KiB, within L2
+
+Body tanh_blocks(const Shape& s, std::function<void(torch::Tensor&, const torch::Tensor&)> f) {
+  const int64_t total = s.B * s.n * s.m * s.h;
+  const auto x = torch::randn({kTanhBlock}) * 2;
+  return [=] {
+    auto y = torch::empty_like(x);
+    for (int64_t done = 0; done < total; done += kTanhBlock) {
+      auto xs = x.narrow(0, 0, std::min(kTanhBlock, total - done));
+      auto ys = y.narrow(0, 0, xs.numel());
+      f(ys, xs);
+    }
+  };
+}
+
+// Floors: what the fused paths are measured against.
+std::map<std::string, CaseFactory> floor_cases() {
+  std::map<std::string, CaseFactory> c;
+  c["softmax_fwd"] = [](const Shape&, const Inputs& in) {
+    return forward_only([=] { return torch::softmax(in.scores, -1); });
+  };
+  c["softmax_fwdbwd"] = [](const Shape&, const Inputs& in) {
+    return forward_backward({in.scores}, in.upstream_scores,
+                            [](const auto& x) { return torch::softmax(x[0], -1); });
+  };
+  c["dot_parts_fwd"] = [](const Shape&, const Inputs& in) {
+    return forward_only([=] {
+      const auto p = torch::softmax(torch::bmm(in.queries, in.keys.transpose(1, 2)), -1);
+      return torch::bmm(p, in.values);
+    });
+  };
+  // tanh alone on B*n*m*h floats, the floor of additive attention: our
+  // kernel's tanh, and ATen's (SLEEF) for reference. Computed block by block
+  // on a cache-resident buffer, as the kernel meets its operands, so that
+  // the floor is arithmetic rather than memory streaming.
+  c["tanh_floor"] = [](const Shape& s, const Inputs&) {
+    return tanh_blocks(s, [](torch::Tensor& y, const torch::Tensor& x) {
+      d2l::cpu::kernels<float>().tanh(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    });
+  };
+  c["aten_tanh"] = [](const Shape& s, const Inputs&) {
+    return tanh_blocks(s, [](torch::Tensor& y, const torch::Tensor& x) { torch::tanh_out(y, x); });
+  };
+  return c;
+}
+
+struct Config {
+  std::vector<int> threads{1, 2};
+  std::vector<std::string> shapes{"toy", "d2l", "mid", "big"};
+  bool memory = true;
+  bool composite_big = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+// Takes our own flags out of argv, leaving Google Benchmark's.
+Config parse(int& argc, char** argv) {
+  Config config;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--threads" && i + 1 < argc) {
+      config.threads.clear();
+      for (const auto& t : split(argv[++i])) config.threads.push_back(std::stoi(t));
+    } else if (arg == "--shapes" && i + 1 < argc) {
+      config.shapes = split(argv[++i]);
+    } else if (arg == "--no-memory") {
+      config.memory = false;
+    } else if (arg == "--composite-big") {
+      config.composite_big = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  return config;
+}
+
+void register_case(const std::string& name, const Shape& shape, int threads,
+                   const CaseFactory& factory, bool memory) {
+  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+    at::set_num_threads(threads);
+    const Inputs inputs = make_inputs(shape);
+    Body body = factory(shape, inputs);
+    body();  // warm-up: allocator, OpenMP pool, lazy initialisation
+    if (memory) state.counters["peak_rss_delta_bytes"] = peak_rss_delta(body);
+    for (auto _ : state) body();
+    state.counters["threads"] = threads;
+  })->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Config config = parse(argc, argv);
+  benchmark::AddCustomContext("d2l_cpu_isa", d2l::to_string(d2l::cpu_isa()));
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  for (const auto& shape : kShapes) {
+    if (std::find(config.shapes.begin(), config.shapes.end(), shape.name) == config.shapes.end()) {
+      continue;
+    }
+    for (int threads : config.threads) {
+      const auto suffix = fmt::format("/{}/threads:{}", shape.name, threads);
+      for (const auto& [name, factory] : cases_for(d2l::Impl::kAuto)) {
+        register_case(name + suffix, shape, threads, factory, config.memory);
+      }
+      for (const auto& [name, factory] : floor_cases()) {
+        register_case(name + suffix, shape, threads, factory, config.memory);
+      }
+      for (const auto& [name, factory] : cases_for(d2l::Impl::kComposite)) {
+        // The book's additive path at the big shape takes seconds and gigabytes.
+        const bool slow = shape.name == "big" && name.rfind("additive", 0) == 0;
+        if (slow && !config.composite_big) continue;
+        register_case("composite:" + name + suffix, shape, threads, factory, config.memory);
+      }
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

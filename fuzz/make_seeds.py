@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Writes the starting seeds of fuzz/corpus: for each operation of
+fuzz_attention.cpp, a few inputs whose first byte selects it (byte % 8), the
+second the kernels' instruction set, and the rest fixed pseudo-random choices.
+The committed corpus is these seeds merged (libFuzzer -merge=1) with inputs
+that added coverage in longer runs; see docs/reliability.md."""
+
+import argparse
+import pathlib
+import random
+
+OPERATIONS = ["sequence_mask", "masked_softmax", "masked_softmax_b", "dot_product",
+              "dot_product_module", "additive_scores", "additive_module", "heatmaps"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=pathlib.Path(__file__).parent / "corpus", type=pathlib.Path)
+    parser.add_argument("--per-op", type=int, default=5)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for op, name in enumerate(OPERATIONS):
+        for k in range(args.per_op):
+            rng = random.Random(1000 * op + k)
+            body = bytes([op, k % 2]) + bytes(rng.randrange(256) for _ in range(24 + 16 * k))
+            (args.out / f"seed-{name}-{k}").write_bytes(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+// The fused CPU kernels against the composite (book) path: forward and
+// backward, every dtype, odd sizes around the vector width, non-contiguous
+// inputs, zero-length rows and lengths above the key count, under every
+// instruction set this machine runs.
+
+#include <d2l/additive_attention.h>
+#include <d2l/backend.h>
+#include <d2l/dot_product_attention.h>
+#include <d2l/masking.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "cpu/kernels.h"
+#include "internal.h"
+#include "test_utils.h"
+
+namespace {
+
+using d2l::Impl;
+using d2l::testing::error_message;
+using d2l::testing::max_rel_error;
+using ::testing::HasSubstr;
+
+std::vector<d2l::CpuIsa> runnable_isas() {
+  std::vector<d2l::CpuIsa> isas{d2l::CpuIsa::kDefault};
+  const auto saved = d2l::cpu_isa();
+  try {
+    d2l::set_cpu_isa(d2l::CpuIsa::kAvx2);
+    isas.push_back(d2l::CpuIsa::kAvx2);
+  } catch (const c10::Error&) {
+  }
+  d2l::set_cpu_isa(saved);
+  return isas;
+}
+
+// Runs the test body once per instruction set, restoring the choice after.
+class Fused : public ::testing::TestWithParam<d2l::CpuIsa> {
+ protected:
+  void SetUp() override {
+    saved_ = d2l::cpu_isa();
+    d2l::set_cpu_isa(GetParam());
+  }
+  void TearDown() override { d2l::set_cpu_isa(saved_); }
+
+ private:
+  d2l::CpuIsa saved_ = d2l::CpuIsa::kDefault;
+};
+
+struct DtypeTolerance {
+  torch::Dtype dtype;
+  double forward, backward;
+};
+
+const std::vector<DtypeTolerance> kDtypes = {{torch::kDouble, 1e-12, 1e-11},
+                                             {torch::kFloat, 2e-6, 1e-5},
+                                             {torch::kBFloat16, 2e-2, 5e-2},
+                                             {torch::kHalf, 2e-3, 5e-3}};
+
+// Forward value and input gradients of `f` for a fixed upstream gradient.
+std::vector<torch::Tensor> value_and_grads(
+    const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& f,
+    const std::vector<torch::Tensor>& inputs, const torch::Tensor& upstream) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().clone().requires_grad_());
+  const auto out = f(leaves);
+  (out * upstream.to(out.scalar_type())).sum().backward();
+  std::vector<torch::Tensor> result{out.detach()};
+  for (const auto& t : leaves) result.push_back(t.grad());
+  return result;
+}
+
+void expect_close(const std::vector<torch::Tensor>& fused, const std::vector<torch::Tensor>& ref,
+                  const DtypeTolerance& tol, const std::string& what) {
+  ASSERT_EQ(fused.size(), ref.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    ASSERT_TRUE(fused[i].defined()) << what << " output " << i;
+    EXPECT_EQ(fused[i].scalar_type(), ref[i].scalar_type()) << what << " output " << i;
+    EXPECT_EQ(fused[i].sizes(), ref[i].sizes()) << what << " output " << i;
+    EXPECT_FALSE(fused[i].isnan().any().item<bool>()) << what << " output " << i;
+    EXPECT_LT(max_rel_error(fused[i], ref[i]), i == 0 ? tol.forward : tol.backward)
+        << what << " output " << i << " (" << c10::toString(tol.dtype) << ")";
+  }
+}
+
+TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
+  torch::manual_seed(11);
+  for (int64_t m : {1, 3, 7, 8, 9, 16, 17, 33, 100}) {
+    const auto X64 = torch::randn({3, 5, m}, torch::kDouble) * 3;
+    const auto lens = torch::randint(0, m + 3, {3, 5});
+    const auto G = torch::randn({3, 5, m}, torch::kDouble);
+    for (const auto& tol : kDtypes) {
+      const auto X = X64.to(tol.dtype);
+      auto run = [&](auto fn) {
+        return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
+      };
+      expect_close(run(d2l::fused::masked_softmax), run(d2l::composite::masked_softmax), tol,
+                   "masked_softmax m=" + std::to_string(m));
+    }
+  }
+}
+
+TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
+  const auto X = torch::randn({9, 4, 2}, torch::kDouble).permute({2, 1, 0});  // (2, 4, 9)
+  const auto lens = torch::tensor({0, 11});
+  const auto G = torch::randn({2, 4, 9}, torch::kDouble);
+  auto run = [&](auto fn) {
+    return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
+  };
+  expect_close(run(d2l::fused::masked_softmax), run(d2l::composite::masked_softmax), kDtypes[0],
+               "non-contiguous");
+}
+
+TEST_P(Fused, MaskedSoftmaxDoubleBackwardMatchesComposite) {
+  const auto X = torch::randn({2, 3, 5}, torch::kDouble);
+  const auto lens = torch::tensor({{1, 5, 0}, {3, 2, 9}});
+  auto second_order = [&](auto fn) {
+    auto x = X.clone().requires_grad_();
+    const auto y = fn(x, lens);
+    auto g = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
+    return torch::autograd::grad({g.pow(2).sum()}, {x})[0];
+  };
+  EXPECT_LT(max_rel_error(second_order(d2l::fused::masked_softmax),
+                          second_order(d2l::composite::masked_softmax)),
+            1e-11);
+}
+
+// Scores and weights of the fused additive kernel against the composite path,
+// for queries, keys and w_v gradients.
+void check_additive(int64_t B, int64_t n, int64_t m, int64_t h, const torch::Tensor& lens,
+                    const DtypeTolerance& tol) {
+  const auto q = (torch::randn({B, n, h}, torch::kDouble) * 0.7).to(tol.dtype);
+  const auto k = (torch::randn({B, m, h}, torch::kDouble) * 0.7).to(tol.dtype);
+  const auto w = torch::randn({1, h}, torch::kDouble).to(tol.dtype);
+  const auto G = torch::randn({B, n, m}, torch::kDouble);
+  auto scores = [&](Impl impl) {
+    return value_and_grads(
+        [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], impl); },
+        {q, k, w}, G);
+  };
+  auto weights = [&](Impl impl) {
+    return value_and_grads(
+        [&](const auto& in) {
+          return d2l::detail::additive_weights_nocheck(in[0], in[1], in[2], lens, impl);
+        },
+        {q, k, w}, G);
+  };
+  const auto what = fmt::format("B={} n={} m={} h={}", B, n, m, h);
+  // Reduced precision: the composite path rounds every intermediate to the
+  // dtype, the kernel accumulates in float; compare both to float64 instead.
+  if (tol.dtype == torch::kHalf || tol.dtype == torch::kBFloat16) {
+    auto to_double = [&](auto fn) {
+      return value_and_grads(fn, {q.to(torch::kDouble), k.to(torch::kDouble), w.to(torch::kDouble)}, G);
+    };
+    auto fused_scores = scores(Impl::kFused);
+    auto ref = to_double([&](const auto& in) {
+      return d2l::functional::additive_scores(in[0], in[1], in[2], Impl::kComposite);
+    });
+    for (auto& t : ref) t = t.to(tol.dtype);
+    expect_close(fused_scores, ref, tol, "scores " + what);
+    return;
+  }
+  expect_close(scores(Impl::kFused), scores(Impl::kComposite), tol, "scores " + what);
+  expect_close(weights(Impl::kFused), weights(Impl::kComposite), tol, "weights " + what);
+}
+
+TEST_P(Fused, AdditiveMatchesCompositeAcrossShapesAndDtypes) {
+  torch::manual_seed(12);
+  for (const auto& tol : kDtypes) {
+    for (auto [n, m, h] : {std::tuple{1, 10, 8}, {3, 7, 5}, {4, 9, 16}, {2, 17, 3}, {5, 33, 9}}) {
+      check_additive(2, n, m, h, torch::randint(0, m + 2, {2, n}), tol);
+    }
+    check_additive(3, 4, 8, 4, torch::tensor({0, 8, 20}), tol);
+  }
+}
+
+TEST_P(Fused, AdditiveModuleImplsAgreeIncludingNonContiguousInputs) {
+  torch::manual_seed(13);
+  d2l::AdditiveAttention fused(d2l::AdditiveAttentionOptions(5, 6, 12).impl(Impl::kFused));
+  d2l::AdditiveAttention composite(d2l::AdditiveAttentionOptions(5, 6, 12).impl(Impl::kComposite));
+  std::stringstream weights;
+  torch::save(fused, weights);
+  torch::load(composite, weights);
+  for (auto* m : {&fused, &composite}) (*m)->to(torch::kDouble);
+  const auto q = torch::randn({7, 3, 6}, torch::kDouble).transpose(0, 1);  // (3, 7, 6)
+  const auto k = torch::randn({3, 11, 5}, torch::kDouble);
+  const auto v = torch::randn({3, 11, 2}, torch::kDouble);
+  const auto lens = torch::tensor({{1, 0, 11, 4, 5, 6, 30}, {2, 2, 2, 2, 2, 2, 2}, {9, 8, 7, 6, 5, 4, 3}});
+  const auto a = fused(q, k, v, lens), b = composite(q, k, v, lens);
+  EXPECT_LT(max_rel_error(a, b), 1e-12);
+  EXPECT_LT(max_rel_error(fused->attention_weights, composite->attention_weights), 1e-12);
+  a.sum().backward();
+  b.sum().backward();
+  for (const auto& name : {"W_q.weight", "W_k.weight", "w_v.weight"}) {
+    EXPECT_LT(max_rel_error(fused->named_parameters()[name].grad(),
+                            composite->named_parameters()[name].grad()),
+              1e-11)
+        << name;
+  }
+}
+
+TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
+  torch::manual_seed(14);
+  for (const auto& tol : {kDtypes[0], kDtypes[1]}) {
+    const auto q = torch::randn({2, 5, 7}).to(tol.dtype), k = torch::randn({2, 9, 7}).to(tol.dtype);
+    const auto v = torch::randn({2, 9, 3}).to(tol.dtype);
+    const auto lens = torch::tensor({{1, 0, 9, 12, 4}, {3, 3, 3, 3, 3}});
+    auto run = [&](Impl impl) {
+      return value_and_grads(
+          [&](const auto& in) {
+            return std::get<0>(
+                d2l::functional::dot_product_attention(in[0], in[1], in[2], lens, 0, false, impl));
+          },
+          {q, k, v}, torch::randn({2, 5, 3}, torch::kDouble));
+    };
+    torch::manual_seed(15);
+    const auto fused = run(Impl::kFused);
+    torch::manual_seed(15);
+    expect_close(fused, run(Impl::kComposite), tol, "dot");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, Fused, ::testing::ValuesIn(runnable_isas()),
+                         [](const auto& info) { return d2l::to_string(info.param); });
+
+TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {
+  // Every 257th bit pattern (all exponents and many mantissas), both signs.
+  std::vector<float> x;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 257) {
+    float f;
+    const auto b = static_cast<uint32_t>(bits);
+    std::memcpy(&f, &b, sizeof f);
+    if (!std::isnan(f)) x.push_back(f);
+  }
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(-std::numeric_limits<float>::infinity());
+  for (auto isa : runnable_isas()) {
+    d2l::set_cpu_isa(isa);
+    std::vector<float> y(x.size());
+    d2l::cpu::kernels<float>().tanh(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    double worst_abs = 0, worst_ulps = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double exact = std::tanh(static_cast<double>(x[i]));
+      const double err = std::abs(y[i] - exact);
+      const double ulp = std::nextafter(static_cast<float>(std::abs(exact)), 2.0f) -
+                         static_cast<float>(std::abs(exact));
+      worst_abs = std::max(worst_abs, err);
+      worst_ulps = std::max(worst_ulps, err / std::max(ulp, 1e-45));
+    }
+    EXPECT_LT(worst_abs, 5e-7) << d2l::to_string(isa);
+    EXPECT_LT(worst_ulps, 8) << d2l::to_string(isa);
+  }
+  d2l::set_cpu_isa(runnable_isas().back());
+}
+
+TEST(FusedKernels, ChunkedScoresMatchCompositeAcrossManyChunks) {
+  torch::manual_seed(16);
+  const auto q = torch::randn({2, 13, 6}, torch::kDouble), k = torch::randn({2, 5, 6}, torch::kDouble);
+  const auto w = torch::randn({1, 6}, torch::kDouble);
+  const auto G = torch::randn({2, 13, 5}, torch::kDouble);
+  // 2 * 5 * 6 doubles per query: 1 KiB blocks hold two queries, so 7 blocks.
+  const auto chunked = value_and_grads(
+      [&](const auto& in) { return d2l::detail::chunked_additive_scores(in[0], in[1], in[2], 1024); },
+      {q, k, w}, G);
+  const auto composite = value_and_grads(
+      [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], Impl::kComposite); },
+      {q, k, w}, G);
+  expect_close(chunked, composite, kDtypes[0], "chunked");
+}
+
+TEST(FusedKernels, FusedAdditiveRefusesDoubleBackwardClearly) {
+  const auto q = torch::randn({1, 2, 3}, torch::kDouble).requires_grad_();
+  const auto k = torch::randn({1, 4, 3}, torch::kDouble);
+  const auto w = torch::randn({1, 3}, torch::kDouble);
+  const auto s = d2l::functional::additive_scores(q, k, w, Impl::kFused);
+  EXPECT_THAT(error_message([&] { torch::autograd::grad({s.sum()}, {q}, {}, true, true); }),
+              HasSubstr("the fused CPU kernel has no double backward; use Impl::kComposite"));
+}
+
+TEST(FusedKernels, RecordingWeightsCanBeTurnedOff) {
+  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().record_attention_weights(false));
+  d2l::AdditiveAttention add(d2l::AdditiveAttentionOptions(2, 2, 4).record_attention_weights(false));
+  const auto q = torch::randn({1, 2, 2}), k = torch::randn({1, 3, 2}), v = torch::randn({1, 3, 2});
+  EXPECT_EQ(dot(q, k, v).sizes(), add(q, k, v).sizes());
+  EXPECT_FALSE(dot->attention_weights.defined());
+  EXPECT_FALSE(add->attention_weights.defined());
+}
+
+TEST(FusedKernels, FusedImplRefusesOtherDevices) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(Impl::kFused));
+  const auto q = torch::randn({1, 2, 2}).cuda();
+  EXPECT_THAT(error_message([&] { dot(q, q, q); }),
+              HasSubstr("d2l::dot_product_attention: Impl::kFused runs on the CPU, got tensors on cuda:0"));
+}
+
+TEST(FusedKernels, IsaCanBeChosenAndNamed) {
+  const auto saved = d2l::cpu_isa();
+  d2l::set_cpu_isa(d2l::CpuIsa::kDefault);
+  EXPECT_EQ(d2l::cpu_isa(), d2l::CpuIsa::kDefault);
+  EXPECT_EQ(d2l::to_string(d2l::cpu_isa()), "default");
+  d2l::set_cpu_isa(saved);
+}
+
+}  // namespace

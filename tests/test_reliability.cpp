@@ -1,0 +1,503 @@
+// Reliability: modules shared between threads, hostile numbers in masked
+// positions and reduced precision on every path, and memory that stays flat
+// over many calls. docs/reliability.md says what runs where (release, ASan +
+// UBSan, TSan).
+
+#include <d2l/additive_attention.h>
+#include <d2l/dot_product_attention.h>
+#include <d2l/masking.h>
+
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "test_utils.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define D2L_UNDER_SANITIZER 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define D2L_UNDER_SANITIZER 1
+#endif
+
+namespace {
+
+using d2l::Impl;
+using d2l::testing::max_rel_error;
+using d2l::testing::reference_masked_softmax;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---------------------------------------------------------------------------
+// Concurrency: one module, 8 threads, 1,000 forwards each.
+
+struct QKV {
+  torch::Tensor queries, keys, values, valid_lens;
+};
+
+// A few input sets, so that threads interleave different problems: no
+// lengths, (B) lengths and (B, n) lengths with empty and over-long rows.
+std::vector<QKV> concurrency_inputs(int64_t query_size, int64_t key_size) {
+  torch::manual_seed(31);
+  const int64_t B = 2, n = 3, m = 10;
+  std::vector<QKV> sets;
+  for (const auto& lens : {torch::Tensor(), torch::tensor({2, 6}), torch::tensor({{0, 10, 4}, {7, 1, 30}}),
+                           torch::tensor({9, 3})}) {
+    sets.push_back({torch::randn({B, n, query_size}), torch::randn({B, m, key_size}),
+                    torch::randn({B, m, 4}), lens});
+  }
+  return sets;
+}
+
+// Every forward of every thread must equal, bit for bit, the output of the
+// same input computed alone beforehand. Even threads run under InferenceMode,
+// odd ones with autograd recording the graph, as a server's mix of callers
+// would. With recording on, `attention_weights` must afterwards hold the
+// weights of one of the calls; with it off, it must stay undefined.
+template <typename Holder>
+void expect_threads_agree_with_one_thread(Holder module, const std::vector<QKV>& inputs) {
+  constexpr int kThreads = 8, kCalls = 1000;
+  module->eval();
+  std::vector<torch::Tensor> expected, expected_weights;
+  for (const auto& in : inputs) {
+    expected.push_back(module(in.queries, in.keys, in.values, in.valid_lens).detach());
+    if (module->options.record_attention_weights()) {
+      expected_weights.push_back(module->attention_weights.detach());
+    }
+  }
+  module->attention_weights = torch::Tensor();
+
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::optional<c10::InferenceMode> inference;
+      if (t % 2 == 0) inference.emplace();
+      try {
+        for (int call = 0; call < kCalls; ++call) {
+          const size_t which = static_cast<size_t>(call + t) % inputs.size();
+          const auto& in = inputs[which];
+          const auto out = module(in.queries, in.keys, in.values, in.valid_lens);
+          if (!torch::equal(out, expected[which])) ++mismatches[t];
+        }
+      } catch (const c10::Error& e) {
+        errors[t] = e.what_without_backtrace();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t << " got outputs unlike one thread's";
+    EXPECT_EQ(errors[t], "") << "thread " << t;
+  }
+  if (module->options.record_attention_weights()) {
+    ASSERT_TRUE(module->attention_weights.defined());
+    const bool one_of_them =
+        std::any_of(expected_weights.begin(), expected_weights.end(), [&](const auto& w) {
+          return w.sizes() == module->attention_weights.sizes() &&
+                 torch::equal(w, module->attention_weights);
+        });
+    EXPECT_TRUE(one_of_them) << "attention_weights holds none of the calls' weights";
+  } else {
+    EXPECT_FALSE(module->attention_weights.defined());
+  }
+}
+
+TEST(ReliabilityConcurrency, SharedAdditiveAttentionRecordingWeights) {
+  for (Impl impl : {Impl::kAuto, Impl::kComposite}) {
+    torch::manual_seed(30);
+    d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).impl(impl));
+    expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
+  }
+}
+
+TEST(ReliabilityConcurrency, SharedAdditiveAttentionNotRecording) {
+  torch::manual_seed(30);
+  d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).record_attention_weights(false));
+  expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
+}
+
+TEST(ReliabilityConcurrency, SharedDotProductAttentionRecordingWeights) {
+  for (Impl impl : {Impl::kAuto, Impl::kComposite}) {
+    d2l::DotProductAttention module(d2l::DotProductAttentionOptions().dropout(0.5).impl(impl));
+    expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
+  }
+}
+
+TEST(ReliabilityConcurrency, SharedDotProductAttentionNotRecording) {
+  d2l::DotProductAttention module(
+      d2l::DotProductAttentionOptions().dropout(0.5).record_attention_weights(false));
+  expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
+}
+
+// ---------------------------------------------------------------------------
+// Numerics: ±1e30, ±inf and NaN in masked positions, float16 and bfloat16,
+// rows with no valid position, on every path and device.
+
+struct DtypeCase {
+  torch::Dtype dtype;
+  double tolerance;  // relative to max(|reference|, 1), forward and backward
+  double big;        // a large finite score this dtype holds
+};
+
+// float16 modules and dot products run on CUDA only: LibTorch 1.13 has no
+// float16 bmm or Linear on the CPU (they throw c10::Error there); the float16
+// masked softmax runs everywhere.
+const std::vector<DtypeCase> kDtypeCases = {{torch::kDouble, 1e-12, 1e30},
+                                            {torch::kFloat, 1e-5, 1e30},
+                                            {torch::kBFloat16, 3e-2, 1e30},
+                                            {torch::kHalf, 4e-3, 6e4}};
+
+std::vector<torch::Device> devices() {
+  std::vector<torch::Device> result{torch::kCPU};
+  if (torch::cuda::is_available()) result.emplace_back(torch::kCUDA);
+  return result;
+}
+
+std::string describe(const std::string& path, const DtypeCase& c, const torch::Device& device) {
+  return fmt::format("{} {} on {}", path, c10::toString(c.dtype), device.str());
+}
+
+// (B, n) lengths with rows of no, some, all and more than all valid keys.
+torch::Tensor hostile_lens(int64_t m) {
+  return torch::tensor({{int64_t{0}, int64_t{1}, int64_t{5}}, {m, int64_t{7}, m + 9}});
+}
+
+// (B, n, m) scores: finite in the valid positions (with ±big in some rows, so
+// that one exponential underflows against another), and the hostile values
+// ±1e30, ±inf, NaN cycling through every masked position.
+torch::Tensor hostile_scores(const torch::Tensor& lens, int64_t m, double big) {
+  const int64_t B = lens.size(0), n = lens.size(1);
+  auto X = torch::randn({B, n, m}, torch::kDouble) * 3;
+  X[1][1][2] = big;
+  X[1][1][4] = -big;
+  X[1][0][0] = -big;
+  const double hostile[] = {1e30, -1e30, kInf, -kInf, kNaN};
+  int k = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = lens[b][i].item<int64_t>(); j < m; ++j) X[b][i][j] = hostile[k++ % 5];
+    }
+  }
+  return X;
+}
+
+torch::Tensor valid_mask(const torch::Tensor& lens, int64_t m) {
+  return torch::arange(m).view({1, 1, m}) < lens.unsqueeze(-1);
+}
+
+// dL/dX of sum(softmax(X) * G) over each row's valid entries, in double.
+torch::Tensor reference_softmax_grad(const torch::Tensor& y, const torch::Tensor& G,
+                                     const torch::Tensor& valid) {
+  const auto g = G.masked_fill(valid.logical_not(), 0);
+  return y * (g - (g * y).sum(-1, true));
+}
+
+void expect_finite(const torch::Tensor& t, const std::string& what) {
+  ASSERT_TRUE(t.defined()) << what;
+  EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << what << " is not finite";
+}
+
+using MaskedSoftmax = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&);
+
+void check_masked_softmax_numerics(const torch::Device& device) {
+  const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
+      {"composite", &d2l::composite::masked_softmax},
+      {"fused", &d2l::fused::masked_softmax},
+      {"auto", &d2l::masked_softmax}};
+  torch::manual_seed(32);
+  for (int64_t m : {5, 13}) {
+    const auto lens = hostile_lens(m);
+    const auto valid = valid_mask(lens, m);
+    const auto G = torch::randn({2, 3, m}, torch::kDouble);
+    for (const auto& c : kDtypeCases) {
+      const auto X = hostile_scores(lens, m, c.big).to(c.dtype);
+      const auto y_ref = reference_masked_softmax(X, lens);
+      const auto dx_ref = reference_softmax_grad(y_ref, G, valid);
+      for (const auto& [name, fn] : paths) {
+        if (name == "fused" && !device.is_cpu()) continue;
+        const auto what = describe("masked_softmax " + name, c, device) + " m=" + std::to_string(m);
+        const auto x = X.to(device).clone().requires_grad_();
+        const auto y = fn(x, lens.to(device));
+        (y * G.to(device, c.dtype)).sum().backward();
+        const auto out = y.detach().cpu(), grad = x.grad().cpu();
+        expect_finite(out, what + " output");
+        expect_finite(grad, what + " gradient");
+        EXPECT_TRUE(out.masked_select(valid.logical_not()).eq(0).all().item<bool>()) << what;
+        EXPECT_TRUE(grad.masked_select(valid.logical_not()).eq(0).all().item<bool>()) << what;
+        EXPECT_LT(max_rel_error(out, y_ref), c.tolerance) << what << " output";
+        EXPECT_LT(max_rel_error(grad, dx_ref), c.tolerance) << what << " gradient";
+      }
+    }
+  }
+}
+
+TEST(ReliabilityNumerics, MaskedSoftmaxIgnoresHostileMaskedScoresOnTheCpu) {
+  check_masked_softmax_numerics(torch::kCPU);
+}
+
+TEST(ReliabilityNumerics, MaskedSoftmaxIgnoresHostileMaskedScoresOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  check_masked_softmax_numerics(torch::kCUDA);
+}
+
+// Keys whose masked positions hold `hostile` values, and the same keys with
+// zeros there: masked keys must not change the output or any gradient.
+std::pair<torch::Tensor, torch::Tensor> keys_with_hostile_masked_rows(int64_t B, int64_t m,
+                                                                      int64_t d,
+                                                                      const torch::Tensor& lens,
+                                                                      double hostile) {
+  auto keys = torch::randn({B, m, d}, torch::kDouble);
+  auto clean = keys.clone();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t L = std::min(lens[b].item<int64_t>(), m);
+    if (L < m) {
+      keys[b].narrow(0, L, m - L).fill_(hostile);
+      keys[b].narrow(0, L, m - L).select(1, 0).fill_(-hostile);
+      clean[b].narrow(0, L, m - L).zero_();
+    }
+  }
+  return {keys, clean};
+}
+
+// Output and gradients (queries, keys, values, then any parameters) of
+// sum(f(q, k, v) * G).
+std::vector<torch::Tensor> output_and_grads(
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                      const torch::Tensor&)>& f,
+    const std::vector<torch::Tensor>& qkv, const std::vector<torch::Tensor>& parameters,
+    const torch::Tensor& G) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : qkv) leaves.push_back(t.detach().clone().requires_grad_());
+  for (const auto& p : parameters) p.mutable_grad() = torch::Tensor();
+  const auto out = f(leaves[0], leaves[1], leaves[2]);
+  (out * G.to(out.device(), out.scalar_type())).sum().backward();
+  std::vector<torch::Tensor> result{out.detach().cpu()};
+  for (const auto& t : leaves) result.push_back(t.grad().cpu());
+  for (const auto& p : parameters) result.push_back(p.grad().cpu());
+  return result;
+}
+
+void expect_same_outputs_and_grads(const std::vector<torch::Tensor>& got,
+                                   const std::vector<torch::Tensor>& want, double tolerance,
+                                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto name = what + (i == 0 ? " output" : " gradient " + std::to_string(i));
+    expect_finite(got[i], name);
+    EXPECT_LT(max_rel_error(got[i], want[i]), tolerance) << name;
+  }
+}
+
+// Dot-product scores that overflow to ±inf (and inf - inf = NaN) in masked
+// positions; with `m` > 8 every vector lane mixes valid and masked keys. The
+// reference is the composite path in double on keys zeroed where masked.
+void check_dot_product_numerics(const torch::Device& device) {
+  torch::manual_seed(33);
+  const int64_t B = 3, n = 4, m = 11, d = 6;
+  const auto lens = torch::tensor({0, 4, 11});
+  const auto q = torch::randn({B, n, d}, torch::kDouble), v = torch::randn({B, m, 2}, torch::kDouble);
+  const auto G = torch::randn({B, n, 2}, torch::kDouble);
+  auto attend = [&](Impl impl) {
+    return [&lens, impl](const torch::Tensor& qq, const torch::Tensor& kk, const torch::Tensor& vv) {
+      return std::get<0>(d2l::functional::dot_product_attention(
+          qq, kk, vv, lens.to(qq.device()), 0, false, impl));
+    };
+  };
+  for (const auto& c : kDtypeCases) {
+    if (c.dtype == torch::kHalf && device.is_cpu()) continue;  // no CPU float16 bmm
+    // Large enough that q . k overflows in this dtype.
+    const double hostile = c.dtype == torch::kDouble ? 1e308 : c.dtype == torch::kHalf ? 6e4 : 3e38;
+    const auto [keys, clean] = keys_with_hostile_masked_rows(B, m, d, lens, hostile);
+    const auto want = output_and_grads(attend(Impl::kComposite), {q, clean, v}, {}, G);
+    for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
+      if (impl == Impl::kFused && !device.is_cpu()) continue;
+      const auto what = describe(fmt::format("dot_product_attention impl={}", static_cast<int>(impl)),
+                                 c, device);
+      auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
+      const auto got = output_and_grads(attend(impl), {cast(q), cast(keys), cast(v)}, {}, G);
+      expect_same_outputs_and_grads(got, want, c.tolerance, what);
+    }
+  }
+}
+
+TEST(ReliabilityNumerics, DotProductIgnoresInfiniteMaskedScoresOnTheCpu) {
+  check_dot_product_numerics(torch::kCPU);
+}
+
+TEST(ReliabilityNumerics, DotProductIgnoresInfiniteMaskedScoresOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  check_dot_product_numerics(torch::kCUDA);
+}
+
+// Additive scores are bounded by sum |w_v|, so hostile keys (±1e30, tanh
+// saturated) must leave outputs and every gradient, W_k's included, as if the
+// masked keys were zero.
+void check_additive_numerics(const torch::Device& device) {
+  torch::manual_seed(34);
+  const int64_t B = 3, n = 4, m = 11, d = 5;
+  const auto lens = torch::tensor({0, 4, 11});
+  const auto q = torch::randn({B, n, 6}, torch::kDouble), v = torch::randn({B, m, 2}, torch::kDouble);
+  const auto G = torch::randn({B, n, 2}, torch::kDouble);
+  for (const auto& c : kDtypeCases) {
+    if (c.dtype == torch::kHalf && device.is_cpu()) continue;
+    const double hostile = c.dtype == torch::kHalf ? 6e4 : 1e30;
+    const auto [keys, clean] = keys_with_hostile_masked_rows(B, m, d, lens, hostile);
+    for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
+      if (impl == Impl::kFused && !device.is_cpu()) continue;
+      const auto what =
+          describe(fmt::format("AdditiveAttention impl={}", static_cast<int>(impl)), c, device);
+      torch::manual_seed(35);
+      d2l::AdditiveAttention attention(d2l::AdditiveAttentionOptions(d, 6, 7).impl(impl));
+      torch::manual_seed(35);
+      d2l::AdditiveAttention reference(d2l::AdditiveAttentionOptions(d, 6, 7).impl(Impl::kComposite));
+      attention->to(device, c.dtype);
+      reference->to(torch::kDouble);
+      auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
+      const auto got = output_and_grads(
+          [&](const auto& qq, const auto& kk, const auto& vv) {
+            return attention(qq, kk, vv, lens.to(device));
+          },
+          {cast(q), cast(keys), cast(v)}, attention->parameters(), G);
+      const auto want = output_and_grads(
+          [&](const auto& qq, const auto& kk, const auto& vv) { return reference(qq, kk, vv, lens); },
+          {q, clean, v}, reference->parameters(), G);
+      expect_same_outputs_and_grads(got, want, c.tolerance, what);
+      EXPECT_TRUE(attention->attention_weights.isfinite().all().item<bool>()) << what;
+    }
+  }
+}
+
+TEST(ReliabilityNumerics, AdditiveIgnoresHugeMaskedKeysOnTheCpu) {
+  check_additive_numerics(torch::kCPU);
+}
+
+TEST(ReliabilityNumerics, AdditiveIgnoresHugeMaskedKeysOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  check_additive_numerics(torch::kCUDA);
+}
+
+// No valid position anywhere: all-zero weights and outputs, zero gradients.
+void expect_all_zero(const std::vector<torch::Tensor>& results, const std::string& what) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    expect_finite(results[i], what + " result " + std::to_string(i));
+    EXPECT_TRUE(results[i].eq(0).all().item<bool>()) << what << " result " << i;
+  }
+}
+
+TEST(ReliabilityNumerics, RowsWithNoValidPositionGiveZerosAndZeroGradients) {
+  torch::manual_seed(37);
+  for (const auto& device : devices()) {
+    const auto long_options = torch::TensorOptions(device).dtype(torch::kLong);
+    const std::vector<torch::Tensor> no_valid = {torch::zeros({2}, long_options),
+                                                 torch::zeros({2, 3}, long_options)};
+    for (const auto& c : kDtypeCases) {
+      const auto options = torch::TensorOptions(device).dtype(c.dtype);
+      const auto q = torch::randn({2, 3, 4}, options), k = torch::randn({2, 5, 4}, options);
+      const auto v = torch::randn({2, 5, 3}, options);
+      const auto G = torch::randn({2, 3, 3}, torch::kDouble);
+      for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
+        if (impl == Impl::kFused && !device.is_cpu()) continue;
+        const auto what = describe(fmt::format("impl={}", static_cast<int>(impl)), c, device);
+        d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(impl));
+        d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).impl(impl));
+        additive->to(device, c.dtype);
+        for (const auto& lens : no_valid) {
+          if (c.dtype == torch::kHalf && device.is_cpu()) continue;  // no CPU float16 bmm
+          expect_all_zero(output_and_grads([&](const auto& qq, const auto& kk,
+                                               const auto& vv) { return dot(qq, kk, vv, lens); },
+                                           {q, k, v}, {}, G),
+                          "DotProductAttention " + what);
+          expect_all_zero(output_and_grads([&](const auto& qq, const auto& kk,
+                                               const auto& vv) { return additive(qq, kk, vv, lens); },
+                                           {q, k, v}, additive->parameters(), G),
+                          "AdditiveAttention " + what);
+        }
+      }
+    }
+  }
+}
+
+// Whole floating-point lengths beyond int64 mean "all valid" in the modules'
+// fused and composite paths alike (fuzz_attention's first finding).
+TEST(ReliabilityNumerics, FloatingLengthsBeyondInt64MeanAllValid) {
+  torch::manual_seed(38);
+  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 3});
+  const auto huge = torch::tensor({1e20, 3.0}), plain = torch::tensor({5, 3});
+  for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
+    d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(impl));
+    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).impl(impl));
+    EXPECT_TRUE(torch::equal(dot(q, k, v, huge), dot(q, k, v, plain))) << static_cast<int>(impl);
+    EXPECT_TRUE(torch::equal(additive(q, k, v, huge), additive(q, k, v, plain)))
+        << static_cast<int>(impl);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Memory: resident set size over 10,000 forward + backward calls.
+
+int64_t resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+// Growth allowed between call 500 and call 10,000: 4 MiB. A leak of one 1 KiB
+// tensor per call would add 9,500 x (1 KiB + TensorImpl, storage and malloc
+// headers) > 9 MiB and fail; the margin below that absorbs malloc's own
+// fluctuations (measured here: under 0.5 MiB).
+constexpr int64_t kAllowedGrowthKib = 4 * 1024;
+constexpr int kWarmupCalls = 500, kCalls = 10000;
+
+template <typename Step>
+int64_t growth_kib_over_calls(Step step) {
+  for (int call = 0; call < kWarmupCalls; ++call) step();
+  const int64_t before = resident_kib();
+  for (int call = kWarmupCalls; call < kCalls; ++call) step();
+  return resident_kib() - before;
+}
+
+TEST(ReliabilityMemory, TenThousandForwardBackwardCallsDoNotGrowMemory) {
+#ifdef D2L_UNDER_SANITIZER
+  GTEST_SKIP() << "sanitizer builds hold freed memory in quarantine; LeakSanitizer covers leaks";
+#endif
+  ASSERT_GT(resident_kib(), 0) << "no VmRSS in /proc/self/status";
+  torch::manual_seed(36);
+  d2l::AdditiveAttention additive(4, 4, 8, 0.1);
+  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+  const auto q = torch::randn({2, 3, 4}).requires_grad_(), k = torch::randn({2, 10, 4});
+  const auto v = torch::randn({2, 10, 4}), lens = torch::tensor({{3, 10, 0}, {7, 1, 2}});
+  const auto growth = growth_kib_over_calls([&] {
+    (additive(q, k, v, lens).sum() + dot(q, k, v, lens).sum()).backward();
+    additive->zero_grad();
+    q.mutable_grad() = torch::Tensor();
+  });
+  EXPECT_LT(growth, kAllowedGrowthKib) << "resident memory grew by " << growth << " KiB";
+}
+
+// The probe itself: the same measurement must see a leak of 1 KiB per call.
+TEST(ReliabilityMemory, MeasurementSeesALeakOfOneKibPerCall) {
+#ifdef D2L_UNDER_SANITIZER
+  GTEST_SKIP() << "sanitizer builds hold freed memory in quarantine";
+#endif
+  std::vector<torch::Tensor> leaked;
+  leaked.reserve(kCalls);
+  const auto growth = growth_kib_over_calls([&] { leaked.push_back(torch::zeros({256})); });
+  EXPECT_GT(growth, kAllowedGrowthKib) << "resident memory grew by only " << growth << " KiB";
+}
+
+}  // namespace
