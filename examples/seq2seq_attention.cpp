@@ -58,7 +58,7 @@ using d2l::examples::Vocab;
 constexpr int64_t kEmbedSize = 32, kNumHiddens = 64, kNumLayers = 2;
 constexpr double kDropout = 0.1, kLearningRate = 0.005;
 constexpr int64_t kBatchSize = 64, kNumSteps = 32;
-constexpr int kDefaultEpochs = 15, kTrainPairs = 3000, kHeldOutPairs = 200;
+constexpr int kDefaultEpochs = 20, kTrainPairs = 3000, kHeldOutPairs = 200;
 constexpr int kMinWords = 20, kMaxWords = 30, kBleuK = 4;
 constexpr uint64_t kSeed = 42;
 
@@ -193,6 +193,16 @@ Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const La
   return result;
 }
 
+d2l::Series loss_series(const Result& result, const std::string& label) {
+  d2l::Series series;
+  for (size_t epoch = 0; epoch < result.losses.size(); ++epoch) {
+    series.x.push_back(static_cast<double>(epoch + 1));
+    series.y.push_back(result.losses[epoch]);
+  }
+  series.label = label;
+  return series;
+}
+
 void draw_alignment(d2l::EncoderDecoder& model, const Language& lang, const Sentence& source,
                     const Args& args) {
   const auto prediction = d2l::examples::predict_seq2seq(
@@ -254,8 +264,9 @@ int run(const Args& args) {
   fmt::print("held-out BLEU-{}: attention {:.3f}, plain {:.3f} ({} epochs each)\n", kBleuK,
              with_attention.mean_bleu, without.mean_bleu, args.epochs);
   const auto curves = (args.out / "loss_curves.svg").string();
-  d2l::examples::save_loss_curves_svg(
-      curves, {{"Seq2SeqAttentionDecoder", with_attention.losses}, {"Seq2SeqDecoder", without.losses}});
+  d2l::save_plot({loss_series(with_attention, "Seq2SeqAttentionDecoder"),
+                  loss_series(without, "Seq2SeqDecoder")},
+                 d2l::PlotOptions().xlabel("epoch").ylabel("loss").figsize({5.0, 3.0}), curves);
   fmt::print("wrote {}\n", curves);
   if (!args.save.empty()) {
     torch::save(attention, args.save);

@@ -9,11 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -226,67 +224,6 @@ double bleu(const Sentence& pred, const Sentence& label, int k) {
     score *= std::pow(static_cast<double>(num_matches) / (len_pred - n + 1), std::pow(0.5, n));
   }
   return score;
-}
-
-void save_loss_curves_svg(const std::string& path,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& curves) {
-  constexpr double width = 560, height = 340, left = 70, right = 20, top = 30, bottom = 45;
-  const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"};
-  size_t epochs = 1;
-  double y_max = 0;
-  for (const auto& [name, losses] : curves) {
-    epochs = std::max(epochs, losses.size());
-    for (double v : losses) y_max = std::max(y_max, v);
-  }
-  y_max = y_max > 0 ? y_max * 1.05 : 1;
-  auto x_of = [&](double epoch) {
-    return left + (epoch - 1) / std::max<double>(1, epochs - 1) * (width - left - right);
-  };
-  auto y_of = [&](double v) { return top + (1 - v / y_max) * (height - top - bottom); };
-
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
-      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<path d=\"M{2} {3} V{4} H{5}\" stroke=\"black\" fill=\"none\"/>\n",
-      width, height, left, top, height - bottom, width - right);
-  for (int i = 0; i <= 4; ++i) {
-    const double v = y_max * i / 4;
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3g}</text>\n", left - 6,
-                       y_of(v) + 4, v);
-  }
-  for (size_t e : std::set<size_t>{1, (epochs + 1) / 2, epochs}) {
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x_of(e),
-                       height - bottom + 16, e);
-  }
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch</text>\n",
-                     (left + width - right) / 2, height - 8);
-  svg += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" "
-                     "text-anchor=\"middle\">loss per token</text>\n",
-                     (top + height - bottom) / 2, (top + height - bottom) / 2);
-  for (size_t c = 0; c < curves.size(); ++c) {
-    const auto& [name, losses] = curves[c];
-    const char* colour = colours[c % 4];
-    std::string points;
-    for (size_t e = 0; e < losses.size(); ++e) {
-      points += fmt::format("{:.1f},{:.1f} ", x_of(e + 1.0), y_of(losses[e]));
-    }
-    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n",
-                       points, colour);
-    if (losses.size() == 1) {  // a polyline of one point draws nothing
-      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", x_of(1),
-                         y_of(losses[0]), colour);
-    }
-    const double legend_y = top + 14 + 16 * c;
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" "
-                       "stroke-width=\"2\"/><text x=\"{4}\" y=\"{5}\">{6}</text>\n",
-                       width - right - 200, legend_y, width - right - 180, colour,
-                       width - right - 174, legend_y + 4, name);
-  }
-  svg += "</svg>\n";
-  std::ofstream file(path);
-  file << svg;
-  if (!file) throw std::runtime_error("cannot write " + path);
 }
 
 }  // namespace d2l::examples

@@ -1,8 +1,8 @@
 #pragma once
 
 // The helpers of d2l's machine-translation sections that are not models:
-// vocabulary, padded arrays, the masked loss, training, greedy prediction,
-// BLEU, and a loss-curve plot. Shared by the seq2seq examples.
+// vocabulary, padded arrays, the masked loss, training, greedy prediction and
+// BLEU.
 
 #include <d2l/encoder_decoder.h>
 #include <torch/torch.h>
@@ -92,9 +92,5 @@ Prediction predict_seq2seq(d2l::EncoderDecoderImpl& net, const Sentence& source,
 /// precisions p_n^(1/2^n) of n-grams up to `k`. A prediction with fewer than
 /// `k` tokens scores 0 (the book divides by zero there).
 double bleu(const Sentence& pred, const Sentence& label, int k);
-
-/// Writes an SVG line chart of loss per epoch, one line per named curve.
-void save_loss_curves_svg(const std::string& path,
-                          const std::vector<std::pair<std::string, std::vector<double>>>& curves);
 
 }  // namespace d2l::examples
