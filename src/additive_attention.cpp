@@ -69,6 +69,24 @@ torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
   return composite_masked_softmax(scores, valid_lens);
 }
 
+std::tuple<torch::Tensor, torch::Tensor> additive_attention_nocheck(
+    AdditiveAttentionImpl& attention, const torch::Tensor& projected_queries,
+    const torch::Tensor& projected_keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens) {
+  auto weights = additive_weights_nocheck(projected_queries, projected_keys,
+                                          attention.w_v->weight, valid_lens,
+                                          attention.options.impl());
+  // The registered dropout module decides, as in the book (its p and mode).
+  const auto& dropout = attention.dropout;
+  auto output = torch::bmm(
+      dropout_weights(weights, dropout->options.p(), dropout->is_training()), values);
+  if (attention.options.record_attention_weights()) {
+    std::lock_guard<std::mutex> lock(*attention.record_mutex_);
+    attention.attention_weights = weights;
+  }
+  return {std::move(output), std::move(weights)};
+}
+
 }  // namespace detail
 
 AdditiveAttentionOptions::AdditiveAttentionOptions(int64_t key_size, int64_t query_size,
@@ -127,16 +145,8 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
   detail::check_same_device(fn, "W_q.weight", W_q->weight, "queries", queries);
   detail::check_same_dtype(fn, "W_q.weight", W_q->weight, "queries", queries);
 
-  auto weights = detail::additive_weights_nocheck(W_q(queries), W_k(keys), w_v->weight,
-                                                  valid_lens, options.impl());
-  // The registered dropout module decides, as in the book (its p and mode).
-  auto output = torch::bmm(
-      detail::dropout_weights(weights, dropout->options.p(), dropout->is_training()), values);
-  if (options.record_attention_weights()) {
-    std::lock_guard<std::mutex> lock(*record_mutex_);
-    attention_weights = std::move(weights);
-  }
-  return output;
+  return std::get<0>(
+      detail::additive_attention_nocheck(*this, W_q(queries), W_k(keys), values, valid_lens));
 }
 
 }  // namespace d2l

@@ -12,10 +12,23 @@
 
 #include <memory>
 #include <mutex>
+#include <tuple>
 
 #include <cstdint>
 
 namespace d2l {
+
+class AdditiveAttentionImpl;
+namespace detail {
+/// Internal, not part of the API: AdditiveAttention::forward after its checks
+/// and projections. Returns (output, attention weights) and records the
+/// weights in the module if its options say so. Apart from forward so that a
+/// decoder can project its keys once per sequence and reuse them at every step.
+std::tuple<torch::Tensor, torch::Tensor> additive_attention_nocheck(
+    AdditiveAttentionImpl& attention, const torch::Tensor& projected_queries,
+    const torch::Tensor& projected_keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens);
+}  // namespace detail
 
 struct AdditiveAttentionOptions {
   AdditiveAttentionOptions(int64_t key_size, int64_t query_size, int64_t num_hiddens);
@@ -75,6 +88,9 @@ class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl>
   FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
 
  private:
+  friend std::tuple<torch::Tensor, torch::Tensor> detail::additive_attention_nocheck(
+      AdditiveAttentionImpl&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+      const torch::Tensor&);
   std::shared_ptr<std::mutex> record_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(AdditiveAttention);

@@ -1,0 +1,112 @@
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <tuple>
+
+namespace d2l {
+
+/// What an encoder hands to a decoder's `init_state`: the book's `enc_outputs`,
+/// the pair `(output, state)` that `nn.GRU` returns.
+struct EncoderOutput {
+  /// Top-layer outputs of every encoder step, time-major: (num_steps, B, num_hiddens).
+  torch::Tensor outputs;
+  /// Final hidden state of every layer: (num_layers, B, num_hiddens).
+  torch::Tensor hidden_state;
+};
+
+/// The state a decoder carries from one `forward` call to the next (the book's
+/// `state`). Both of the book's decoders fit in one type so that
+/// `EncoderDecoder` and greedy decoding need not know which decoder they drive:
+///
+/// * `Seq2SeqDecoder` uses `hidden_state` only (the book's state is that tensor).
+/// * `Seq2SeqAttentionDecoder` uses the book's triple `(enc_outputs,
+///   hidden_state, enc_valid_lens)` plus `projected_keys`, the encoder outputs
+///   passed once through the attention's key projection W_k: the keys never
+///   change while a sequence is decoded, so `init_state` projects them once
+///   instead of once per decoding step.
+///
+/// Fields a decoder does not use stay undefined.
+struct DecoderState {
+  /// Recurrent state of every layer: (num_layers, B, num_hiddens).
+  torch::Tensor hidden_state;
+  /// Encoder outputs to attend to, batch-first: (B, num_enc_steps, num_hiddens).
+  torch::Tensor enc_outputs;
+  /// Valid encoder steps per example, (B), or undefined when all are valid.
+  torch::Tensor enc_valid_lens;
+  /// attention->W_k(enc_outputs): (B, num_enc_steps, attention num_hiddens).
+  torch::Tensor projected_keys;
+};
+
+/// The book's `Encoder` interface: `forward(X, *args)`. The only extra argument
+/// the book passes is the valid length of each source sequence, (B); encoders
+/// that do not mask (such as `Seq2SeqEncoder`) ignore it.
+class Encoder : public virtual torch::nn::Module {
+ public:
+  virtual EncoderOutput forward(const torch::Tensor& X, const torch::Tensor& valid_lens = {}) = 0;
+};
+
+/// The book's `Decoder` interface: `init_state(enc_outputs, *args)` and
+/// `forward(X, state) -> (output, state)`.
+class Decoder : public virtual torch::nn::Module {
+ public:
+  virtual DecoderState init_state(const EncoderOutput& enc_outputs,
+                                  const torch::Tensor& enc_valid_lens = {}) = 0;
+  virtual std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
+                                                          const DecoderState& state) = 0;
+};
+
+/// The book's `AttentionDecoder`: a decoder that exposes the attention weights
+/// of its last `forward` call.
+class AttentionDecoder : public Decoder {
+ public:
+  /// (B, num_dec_steps, num_enc_steps): row t holds the weights of decoding
+  /// step t of the last `forward` call (the book keeps a list of the per-step
+  /// (B, 1, num_enc_steps) tensors; here they are concatenated along dim 1).
+  virtual torch::Tensor attention_weights() const = 0;
+};
+
+/// d2l's `EncoderDecoder`: `forward(enc_X, dec_X, *args)` runs
+/// `dec_state = decoder.init_state(encoder(enc_X, *args), *args)` and returns
+/// `decoder(dec_X, dec_state)`. Parameters are named `encoder.*` and
+/// `decoder.*`, as in the book's state_dict.
+class EncoderDecoderImpl : public torch::nn::Cloneable<EncoderDecoderImpl> {
+ public:
+  EncoderDecoderImpl(std::shared_ptr<Encoder> encoder, std::shared_ptr<Decoder> decoder);
+
+  /// Accepts module holders directly: `EncoderDecoder(Seq2SeqEncoder(...), Seq2SeqDecoder(...))`.
+  template <typename E, typename D>
+  EncoderDecoderImpl(const torch::nn::ModuleHolder<E>& encoder,
+                     const torch::nn::ModuleHolder<D>& decoder)
+      : EncoderDecoderImpl(std::shared_ptr<Encoder>(encoder.ptr()),
+                           std::shared_ptr<Decoder>(decoder.ptr())) {}
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// Deep copy. The encoder and decoder are held through their interfaces, so
+  /// `Cloneable`'s copy-then-reset scheme cannot rebuild them; they are cloned
+  /// through their own `clone()` instead, as `torch::nn::Sequential` does.
+  std::shared_ptr<torch::nn::Module> clone(
+      const torch::optional<torch::Device>& device = torch::nullopt) const override;
+
+  /// enc_X (B, num_enc_steps) and dec_X (B, num_dec_steps) token ids;
+  /// enc_valid_lens (B) or undefined. Returns the decoder's (output, state).
+  std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& enc_X,
+                                                  const torch::Tensor& dec_X,
+                                                  const torch::Tensor& enc_valid_lens = {});
+
+  std::shared_ptr<Encoder> encoder;
+  std::shared_ptr<Decoder> decoder;
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({2, torch::nn::AnyValue(torch::Tensor())})
+};
+TORCH_MODULE(EncoderDecoder);
+
+}  // namespace d2l

@@ -1,0 +1,280 @@
+#include <d2l/seq2seq.h>
+
+#include <fmt/format.h>
+
+#include <utility>
+#include <vector>
+
+#include "checks.h"
+
+namespace d2l {
+namespace {
+
+void check_options(const char* fn, const Seq2SeqOptions& o) {
+  TORCH_CHECK(o.vocab_size() > 0 && o.embed_size() > 0 && o.num_hiddens() > 0 &&
+                  o.num_layers() > 0,
+              fmt::format("{}: vocab_size, embed_size, num_hiddens and num_layers must be "
+                          "positive, got vocab_size={}, embed_size={}, num_hiddens={}, "
+                          "num_layers={}",
+                          fn, o.vocab_size(), o.embed_size(), o.num_hiddens(), o.num_layers()));
+  TORCH_CHECK(o.dropout() >= 0 && o.dropout() <= 1,
+              fmt::format("{}: dropout must be a probability in [0, 1], got {}", fn, o.dropout()));
+}
+
+std::string describe(const char* fn, const Seq2SeqOptions& o) {
+  return fmt::format("{}(vocab_size={}, embed_size={}, num_hiddens={}, num_layers={}, dropout={})",
+                     fn, o.vocab_size(), o.embed_size(), o.num_hiddens(), o.num_layers(),
+                     o.dropout());
+}
+
+torch::nn::GRU make_gru(int64_t input_size, const Seq2SeqOptions& o) {
+  return torch::nn::GRU(torch::nn::GRUOptions(input_size, o.num_hiddens())
+                            .num_layers(o.num_layers())
+                            .dropout(o.dropout()));
+}
+
+// Token ids X (B, num_steps) as the int64 tensor the embedding takes. Out of
+// range ids are caught here: the embedding's own error does not say which
+// argument or which range.
+torch::Tensor checked_tokens(const char* fn, const torch::Tensor& X,
+                             const torch::nn::Embedding& embedding) {
+  TORCH_CHECK(X.defined() && X.dim() == 2 && X.size(0) > 0 && X.size(1) > 0,
+              fmt::format("{}: X must be a 2-D tensor (batch_size, num_steps) of token ids with "
+                          "at least one example and one step, got {}",
+                          fn, detail::shape_of(X)));
+  TORCH_CHECK(at::isIntegralType(X.scalar_type(), /*includeBool=*/false),
+              fmt::format("{}: X must hold integer token ids, got dtype {}", fn,
+                          c10::toString(X.scalar_type())));
+  detail::check_same_device(fn, "embedding.weight", embedding->weight, "X", X);
+  const int64_t vocab_size = embedding->options.num_embeddings();
+  const auto [lo, hi] = torch::aminmax(X);
+  const int64_t min_id = lo.item<int64_t>(), max_id = hi.item<int64_t>();
+  TORCH_CHECK(min_id >= 0 && max_id < vocab_size,
+              fmt::format("{}: X must hold token ids in [0, vocab_size={}), got ids from {} to {}",
+                          fn, vocab_size, min_id, max_id));
+  return X.to(torch::kLong);
+}
+
+// A recurrent state `name` must be (num_layers, batch, num_hiddens) in the
+// dtype and on the device of the GRU's weights.
+void check_hidden_state(const char* fn, const char* name, const torch::Tensor& state,
+                        int64_t batch, const Seq2SeqOptions& o, const torch::nn::GRU& rnn) {
+  TORCH_CHECK(state.defined() && state.dim() == 3 && state.size(0) == o.num_layers() &&
+                  state.size(1) == batch && state.size(2) == o.num_hiddens(),
+              fmt::format("{}: {} must have shape [num_layers={}, batch_size={}, num_hiddens={}], "
+                          "got {}",
+                          fn, name, o.num_layers(), batch, o.num_hiddens(),
+                          detail::shape_of(state)));
+  const torch::Tensor weight = rnn->named_parameters(false)["weight_hh_l0"];
+  detail::check_same_device(fn, "rnn.weight_hh_l0", weight, name, state);
+  detail::check_same_dtype(fn, "rnn.weight_hh_l0", weight, name, state);
+}
+
+// The encoder's (outputs (num_steps, B, h), hidden_state (num_layers, B, h)).
+void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2SeqOptions& o,
+                          const torch::nn::GRU& rnn) {
+  TORCH_CHECK(enc.outputs.defined() && enc.outputs.dim() == 3 && enc.outputs.size(0) > 0 &&
+                  enc.outputs.size(2) == o.num_hiddens(),
+              fmt::format("{}: enc_outputs.outputs must have shape [num_steps, batch_size, "
+                          "num_hiddens={}] with at least one step, got {}",
+                          fn, o.num_hiddens(), detail::shape_of(enc.outputs)));
+  check_hidden_state(fn, "enc_outputs.hidden_state", enc.hidden_state, enc.outputs.size(1), o,
+                     rnn);
+  detail::check_same_dtype(fn, "enc_outputs.hidden_state", enc.hidden_state,
+                           "enc_outputs.outputs", enc.outputs);
+  detail::check_same_device(fn, "enc_outputs.hidden_state", enc.hidden_state,
+                            "enc_outputs.outputs", enc.outputs);
+}
+
+// Valid source lengths: undefined, or (batch) whole non-negative numbers.
+void check_enc_valid_lens(const char* fn, const char* name, const torch::Tensor& lens,
+                          int64_t batch, const torch::Tensor& ref, const char* ref_name) {
+  if (!lens.defined()) return;
+  TORCH_CHECK(lens.dim() == 1 && lens.size(0) == batch,
+              fmt::format("{}: {} must have shape [batch_size={}], got {}", fn, name, batch,
+                          detail::shape_of(lens)));
+  detail::check_same_device(fn, ref_name, ref, name, lens);
+  detail::check_length_values(fn, name, lens);
+}
+
+}  // namespace
+
+Seq2SeqOptions::Seq2SeqOptions(int64_t vocab_size, int64_t embed_size, int64_t num_hiddens,
+                               int64_t num_layers)
+    : vocab_size_(vocab_size),
+      embed_size_(embed_size),
+      num_hiddens_(num_hiddens),
+      num_layers_(num_layers) {}
+
+// ---------------------------------------------------------------------------
+// Seq2SeqEncoder
+
+Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(int64_t vocab_size, int64_t embed_size,
+                                       int64_t num_hiddens, int64_t num_layers, double dropout)
+    : Seq2SeqEncoderImpl(
+          Seq2SeqEncoderOptions(vocab_size, embed_size, num_hiddens, num_layers).dropout(dropout)) {}
+
+Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(const Seq2SeqEncoderOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void Seq2SeqEncoderImpl::reset() {
+  check_options("d2l::Seq2SeqEncoder", options);
+  embedding = register_module(
+      "embedding", torch::nn::Embedding(options.vocab_size(), options.embed_size()));
+  rnn = register_module("rnn", make_gru(options.embed_size(), options));
+}
+
+void Seq2SeqEncoderImpl::pretty_print(std::ostream& stream) const {
+  stream << describe("d2l::Seq2SeqEncoder", options);
+}
+
+EncoderOutput Seq2SeqEncoderImpl::forward(const torch::Tensor& X, const torch::Tensor& valid_lens) {
+  constexpr const char* fn = "d2l::Seq2SeqEncoder";
+  const auto tokens = checked_tokens(fn, X, embedding);
+  check_enc_valid_lens(fn, "valid_lens", valid_lens, X.size(0), X, "X");
+  // The GRU is time-major: (num_steps, B, embed_size).
+  auto [outputs, hidden_state] = rnn(embedding(tokens).permute({1, 0, 2}));
+  return {std::move(outputs), std::move(hidden_state)};
+}
+
+// ---------------------------------------------------------------------------
+// Seq2SeqDecoder
+
+Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(int64_t vocab_size, int64_t embed_size,
+                                       int64_t num_hiddens, int64_t num_layers, double dropout)
+    : Seq2SeqDecoderImpl(
+          Seq2SeqDecoderOptions(vocab_size, embed_size, num_hiddens, num_layers).dropout(dropout)) {}
+
+Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(const Seq2SeqDecoderOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void Seq2SeqDecoderImpl::reset() {
+  check_options("d2l::Seq2SeqDecoder", options);
+  embedding = register_module(
+      "embedding", torch::nn::Embedding(options.vocab_size(), options.embed_size()));
+  rnn = register_module("rnn", make_gru(options.embed_size() + options.num_hiddens(), options));
+  dense = register_module("dense", torch::nn::Linear(options.num_hiddens(), options.vocab_size()));
+}
+
+void Seq2SeqDecoderImpl::pretty_print(std::ostream& stream) const {
+  stream << describe("d2l::Seq2SeqDecoder", options);
+}
+
+DecoderState Seq2SeqDecoderImpl::init_state(const EncoderOutput& enc_outputs,
+                                            const torch::Tensor& /*enc_valid_lens*/) {
+  check_encoder_output("d2l::Seq2SeqDecoder::init_state", enc_outputs, options, rnn);
+  DecoderState state;
+  state.hidden_state = enc_outputs.hidden_state;
+  return state;
+}
+
+std::tuple<torch::Tensor, DecoderState> Seq2SeqDecoderImpl::forward(const torch::Tensor& X,
+                                                                    const DecoderState& state) {
+  constexpr const char* fn = "d2l::Seq2SeqDecoder";
+  const auto tokens = checked_tokens(fn, X, embedding);
+  check_hidden_state(fn, "state.hidden_state", state.hidden_state, X.size(0), options, rnn);
+  const auto embedded = embedding(tokens).permute({1, 0, 2});
+  // The top layer of the state is the context of every step.
+  const auto context = state.hidden_state[-1].repeat({embedded.size(0), 1, 1});
+  auto [output, hidden_state] = rnn(torch::cat({embedded, context}, 2), state.hidden_state);
+  DecoderState next = state;
+  next.hidden_state = std::move(hidden_state);
+  return {dense(output).permute({1, 0, 2}), std::move(next)};
+}
+
+// ---------------------------------------------------------------------------
+// Seq2SeqAttentionDecoder
+
+Seq2SeqAttentionDecoderImpl::Seq2SeqAttentionDecoderImpl(int64_t vocab_size, int64_t embed_size,
+                                                         int64_t num_hiddens, int64_t num_layers,
+                                                         double dropout)
+    : Seq2SeqAttentionDecoderImpl(
+          Seq2SeqAttentionDecoderOptions(vocab_size, embed_size, num_hiddens, num_layers)
+              .dropout(dropout)) {}
+
+Seq2SeqAttentionDecoderImpl::Seq2SeqAttentionDecoderImpl(
+    const Seq2SeqAttentionDecoderOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void Seq2SeqAttentionDecoderImpl::reset() {
+  check_options("d2l::Seq2SeqAttentionDecoder", options);
+  const int64_t h = options.num_hiddens();
+  attention = register_module("attention", AdditiveAttention(h, h, h, options.dropout()));
+  embedding = register_module(
+      "embedding", torch::nn::Embedding(options.vocab_size(), options.embed_size()));
+  rnn = register_module("rnn", make_gru(options.embed_size() + h, options));
+  dense = register_module("dense", torch::nn::Linear(h, options.vocab_size()));
+}
+
+void Seq2SeqAttentionDecoderImpl::pretty_print(std::ostream& stream) const {
+  stream << describe("d2l::Seq2SeqAttentionDecoder", options);
+}
+
+DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_outputs,
+                                                     const torch::Tensor& enc_valid_lens) {
+  constexpr const char* fn = "d2l::Seq2SeqAttentionDecoder::init_state";
+  check_encoder_output(fn, enc_outputs, options, rnn);
+  check_enc_valid_lens(fn, "enc_valid_lens", enc_valid_lens, enc_outputs.outputs.size(1),
+                       enc_outputs.outputs, "enc_outputs.outputs");
+  DecoderState state;
+  state.enc_outputs = enc_outputs.outputs.permute({1, 0, 2});
+  state.hidden_state = enc_outputs.hidden_state;
+  state.enc_valid_lens = enc_valid_lens;
+  state.projected_keys = attention->W_k(state.enc_outputs);
+  return state;
+}
+
+std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
+    const torch::Tensor& X, const DecoderState& state) {
+  constexpr const char* fn = "d2l::Seq2SeqAttentionDecoder";
+  const auto tokens = checked_tokens(fn, X, embedding);
+  const int64_t batch = X.size(0);
+  check_hidden_state(fn, "state.hidden_state", state.hidden_state, batch, options, rnn);
+  TORCH_CHECK(state.enc_outputs.defined() && state.enc_outputs.dim() == 3 &&
+                  state.enc_outputs.size(0) == batch &&
+                  state.enc_outputs.size(2) == options.num_hiddens() &&
+                  state.projected_keys.defined() &&
+                  state.projected_keys.sizes() == state.enc_outputs.sizes(),
+              fmt::format("{}: state must come from init_state: state.enc_outputs must be "
+                          "[batch_size={}, num_enc_steps, num_hiddens={}] and "
+                          "state.projected_keys of the same shape, got {} and {}",
+                          fn, batch, options.num_hiddens(), detail::shape_of(state.enc_outputs),
+                          detail::shape_of(state.projected_keys)));
+  TORCH_CHECK(!state.enc_valid_lens.defined() ||
+                  (state.enc_valid_lens.dim() == 1 && state.enc_valid_lens.size(0) == batch),
+              fmt::format("{}: state.enc_valid_lens must have shape [batch_size={}], got {}", fn,
+                          batch, detail::shape_of(state.enc_valid_lens)));
+
+  const auto embedded = embedding(tokens).permute({1, 0, 2});
+  auto hidden_state = state.hidden_state;
+  std::vector<torch::Tensor> outputs, weights;
+  outputs.reserve(embedded.size(0));
+  weights.reserve(embedded.size(0));
+  for (int64_t t = 0; t < embedded.size(0); ++t) {
+    const auto query = hidden_state[-1].unsqueeze(1);
+    // Same as attention(query, enc_outputs, enc_outputs, enc_valid_lens), with
+    // the keys projected once by init_state.
+    auto [context, step_weights] = detail::additive_attention_nocheck(
+        *attention, attention->W_q(query), state.projected_keys, state.enc_outputs,
+        state.enc_valid_lens);
+    const auto x = torch::cat({context, embedded[t].unsqueeze(1)}, -1);
+    torch::Tensor out;
+    std::tie(out, hidden_state) = rnn(x.permute({1, 0, 2}), hidden_state);
+    outputs.push_back(std::move(out));
+    weights.push_back(std::move(step_weights));
+  }
+  attention_weights_ = torch::cat(weights, 1);
+  DecoderState next = state;
+  next.hidden_state = std::move(hidden_state);
+  return {dense(torch::cat(outputs, 0)).permute({1, 0, 2}), std::move(next)};
+}
+
+torch::Tensor Seq2SeqAttentionDecoderImpl::attention_weights() const { return attention_weights_; }
+
+}  // namespace d2l
