@@ -19,7 +19,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 
-.PHONY: deps deps-python deps-sanitizers configure build demo nadaraya-watson test test-release test-asan \
+.PHONY: deps deps-python deps-sanitizers configure build demo nadaraya-watson seq2seq test test-release test-asan \
         test-tsan test-fuzz fuzz bench fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
@@ -55,6 +55,12 @@ build: configure
 
 demo: build
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
+
+# Sequence to sequence with Bahdanau attention against the plain decoder:
+# progress bar, held-out BLEU of both, loss curves, alignment heatmap, checkpoint.
+seq2seq: build
+	$(BUILD_DIR)/examples/seq2seq_attention --out $(BUILD_DIR)/seq2seq \
+	  --save $(BUILD_DIR)/seq2seq/attention_model.pt
 
 # The book's Nadaraya-Watson regression: training progress and SVG pictures.
 nadaraya-watson: build
