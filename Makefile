@@ -65,7 +65,7 @@ nadaraya-watson: build
 SEQ2SEQ_ARGS ?=
 seq2seq: build
 	$(BUILD_DIR)/examples/seq2seq_attention --out $(BUILD_DIR)/seq2seq \
-	  --save $(BUILD_DIR)/seq2seq/model.pt $(SEQ2SEQ_ARGS)
+	  --save $(BUILD_DIR)/seq2seq/attention_model.pt $(SEQ2SEQ_ARGS)
 
 # Every suite, then one line adding up their ctest summaries:
 #   release: the GoogleTest suite and the installed-package test (gcc, -O2);

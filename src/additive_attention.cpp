@@ -77,9 +77,9 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention_nocheck(
                                           attention.w_v->weight, valid_lens,
                                           attention.options.impl());
   // The registered dropout module decides, as in the book (its p and mode).
-  auto output = torch::bmm(detail::dropout_weights(weights, attention.dropout->options.p(),
-                                                   attention.dropout->is_training()),
-                           values);
+  const auto& dropout = attention.dropout;
+  auto output = torch::bmm(
+      dropout_weights(weights, dropout->options.p(), dropout->is_training()), values);
   if (attention.options.record_attention_weights()) {
     std::lock_guard<std::mutex> lock(*attention.record_mutex_);
     attention.attention_weights = weights;
