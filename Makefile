@@ -56,15 +56,19 @@ build: configure
 demo: build
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
 
-# Every suite, then one line adding up their ctest summaries:
+# Every suite, then one line adding up their ctest summaries
+# ("total: N passed, M failed, K skipped"; skipped: the CUDA tests without a
+# GPU, the memory tests under sanitizers):
 #   release: the GoogleTest suite and the installed-package test (gcc, -O2);
 #   asan:    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
 #   tsan:    the concurrency tests under ThreadSanitizer;
 #   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus.
 CTEST_LOGS := $(BUILD_DIR)/ctest.log build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
 test: test-release test-asan test-tsan test-fuzz
-	@cat $(CTEST_LOGS) | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' \
-	  | awk '{ failed += $$1; total += $$2 } END { printf "all suites: %d passed, %d failed\n", total - failed, failed }'
+	@awk '/tests passed, [0-9]+ tests failed out of/ { failed += $$(NF-5); total += $$NF } \
+	      /\(Skipped\)$$/ { skipped++ } \
+	      END { printf "total: %d passed, %d failed, %d skipped\n", total - failed - skipped, failed, skipped }' \
+	  $(CTEST_LOGS)
 
 test-release: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
