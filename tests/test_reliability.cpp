@@ -4,6 +4,7 @@
 // UBSan, TSan).
 
 #include <d2l/additive_attention.h>
+#include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/masking.h>
 
@@ -442,6 +443,57 @@ TEST(ReliabilityNumerics, FloatingLengthsBeyondInt64MeanAllValid) {
     EXPECT_TRUE(torch::equal(additive(q, k, v, huge), additive(q, k, v, plain)))
         << static_cast<int>(impl);
   }
+}
+
+// Valid scores that are all -inf, +inf or NaN make a row's softmax NaN (as
+// at::softmax does), but that NaN stays in the row's valid positions: masked
+// positions of the weights and of the gradient are exactly 0 on every path,
+// dtype and instruction set, also when the row's last vector is partly masked
+// (fuzz_attention's second finding: m = 6, L = 1 leaked NaN into lanes 1-3).
+TEST(ReliabilityNumerics, NonFiniteValidScoresNeverLeakIntoMaskedPositions) {
+  torch::manual_seed(39);
+  std::vector<d2l::CpuIsa> isas{d2l::CpuIsa::kDefault};
+  const auto saved = d2l::cpu_isa();
+  try {
+    d2l::set_cpu_isa(d2l::CpuIsa::kAvx2);
+    isas.push_back(d2l::CpuIsa::kAvx2);
+  } catch (const c10::Error&) {
+  }
+  const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
+      {"composite", &d2l::composite::masked_softmax}, {"fused", &d2l::fused::masked_softmax}};
+  for (const auto isa : isas) {
+    d2l::set_cpu_isa(isa);
+    for (int64_t m : {2, 5, 6, 9, 13, 17, 33}) {
+      const auto lens = torch::tensor({int64_t{1}, std::min<int64_t>(m - 1, 3)});
+      const auto valid = valid_mask(lens.unsqueeze(1).expand({2, 3}), m);
+      for (double special : {-kInf, kInf, kNaN}) {
+        for (const auto& c : kDtypeCases) {
+          auto X = torch::randn({2, 3, m}, torch::kDouble);
+          X.masked_fill_(valid, special);
+          X = X.to(c.dtype);
+          const auto G = torch::randn({2, 3, m}, c.dtype);
+          std::vector<torch::Tensor> outs, grads;
+          for (const auto& [name, fn] : paths) {
+            const auto what = fmt::format("{} isa={} m={} special={}", describe(name, c, torch::kCPU),
+                                          d2l::to_string(isa), m, special);
+            const auto x = X.clone().requires_grad_();
+            const auto y = fn(x, lens);
+            y.backward(G);
+            EXPECT_TRUE(y.detach().masked_select(valid.logical_not()).eq(0).all().item<bool>())
+                << what << " weights";
+            EXPECT_TRUE(x.grad().masked_select(valid.logical_not()).eq(0).all().item<bool>())
+                << what << " gradient";
+            outs.push_back(y.detach());
+            grads.push_back(x.grad());
+          }
+          // The fused kernel puts NaN exactly where the composite path does.
+          EXPECT_TRUE(torch::equal(outs[0].isnan(), outs[1].isnan())) << c10::toString(c.dtype);
+          EXPECT_TRUE(torch::equal(grads[0].isnan(), grads[1].isnan())) << c10::toString(c.dtype);
+        }
+      }
+    }
+  }
+  d2l::set_cpu_isa(saved);
 }
 
 // ---------------------------------------------------------------------------

@@ -141,8 +141,9 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
   }
   const V inv(T(1) / horizontal_sum(vsum));
   for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
-  // Lanes past L hold zeros already, and stay zeros.
-  if (r > 0) store_tail(load_tail(y + j, r, m - j) * inv, y + j, r, m - j);
+  // Lanes past L hold zeros, but 0 * inv is NaN when the valid scores are all
+  // -inf (or hold +inf or NaN): blend them back to exact zeros.
+  if (r > 0) store_tail(V::set(V(0), load_tail(y + j, r, m - j) * inv, r), y + j, r, m - j);
 }
 
 // dx = scale * y * (dy - <dy, y>) on the valid entries, zeros after them.
