@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "checks.h"
+#include "xml.h"
 
 namespace d2l {
 namespace {
@@ -172,25 +173,6 @@ Scale make_scale(const Matrices& m) {
   return s;
 }
 
-constexpr std::array<std::pair<char, std::string_view>, 5> kXmlEntities{
-    {{'&', "&amp;"}, {'<', "&lt;"}, {'>', "&gt;"}, {'"', "&quot;"}, {'\'', "&apos;"}}};
-
-std::string xml_escape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    const auto* entity = std::find_if(kXmlEntities.begin(), kXmlEntities.end(),
-                                      [c](const auto& e) { return e.first == c; });
-    if (entity != kXmlEntities.end()) {
-      out += entity->second;
-    } else if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') {
-      out += "\xEF\xBF\xBD";  // other control characters are not allowed in XML 1.0
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 // Sizes in SVG user units (points).
 constexpr double kPointsPerInch = 72;
@@ -421,14 +403,14 @@ void append_labels(Buffer& out, const Matrices& m, int64_t r, int64_t c, const L
     fmt::format_to(it,
                    "<text class=\"title\" x=\"{:.2f}\" y=\"-6\" text-anchor=\"middle\" "
                    "font-size=\"{}\">{}</text>\n",
-                   l.panel_w / 2, kTitleFont, xml_escape(options.titles()[c]));
+                   l.panel_w / 2, kTitleFont, detail::xml_escape(options.titles()[c]));
   }
   if (r == m.rows - 1 && !options.xlabel().empty()) {
     fmt::format_to(it,
                    "<text class=\"xlabel\" x=\"{:.2f}\" y=\"{:.2f}\" text-anchor=\"middle\" "
                    "font-size=\"{}\">{}</text>\n",
                    l.panel_w / 2, l.panel_h + Layout::xlabel_baseline(), kLabelFont,
-                   xml_escape(options.xlabel()));
+                   detail::xml_escape(options.xlabel()));
   }
   if (c == 0 && !options.ylabel().empty()) {
     // Rotated, the baseline is the right edge of the text: keep it clear of
@@ -438,7 +420,7 @@ void append_labels(Buffer& out, const Matrices& m, int64_t r, int64_t c, const L
     fmt::format_to(it,
                    "<text class=\"ylabel\" transform=\"translate({:.2f} {:.2f}) rotate(-90)\" "
                    "text-anchor=\"middle\" font-size=\"{}\">{}</text>\n",
-                   x, l.panel_h / 2, kLabelFont, xml_escape(options.ylabel()));
+                   x, l.panel_h / 2, kLabelFont, detail::xml_escape(options.ylabel()));
   }
 }
 

@@ -86,7 +86,12 @@ void MultiHeadAttentionImpl::reset() {
   using torch::nn::LinearOptions;
   const int64_t h = options.num_hiddens();
   const bool bias = options.bias();
-  attention = register_module("attention", DotProductAttention(options.dropout()));
+  attention = register_module(
+      "attention", DotProductAttention(DotProductAttentionOptions()
+                                           .dropout(options.dropout())
+                                           .impl(options.impl())
+                                           .record_attention_weights(
+                                               options.record_attention_weights())));
   W_q = register_module("W_q", Linear(LinearOptions(options.query_size(), h).bias(bias)));
   W_k = register_module("W_k", Linear(LinearOptions(options.key_size(), h).bias(bias)));
   W_v = register_module("W_v", Linear(LinearOptions(options.value_size(), h).bias(bias)));

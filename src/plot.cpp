@@ -11,6 +11,8 @@
 #include <iterator>
 #include <limits>
 
+#include "xml.h"
+
 namespace d2l {
 namespace {
 
@@ -29,32 +31,6 @@ constexpr std::array<const char*, 10> kCycle = {"#1f77b4", "#ff7f0e", "#2ca02c",
 
 using Point = std::pair<double, double>;
 using Segments = std::vector<std::vector<Point>>;
-
-std::string escape_xml(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 double text_width(const std::string& text, double font) {
   return static_cast<double>(text.size()) * kGlyphWidth * font;
@@ -430,7 +406,7 @@ void draw_legend(Out out, const Frame& f, const std::vector<LegendEntry>& entrie
                      bx + 6 + sample / 2, cy, e.style.colour);
     }
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"entry\">{}</text>\n",
-                   bx + 6 + sample + 5, cy + 0.35 * kTickFont, escape_xml(e.label));
+                   bx + 6 + sample + 5, cy + 0.35 * kTickFont, detail::xml_escape(e.label));
   }
   fmt::format_to(out, "</g>\n");
 }
@@ -439,16 +415,16 @@ void draw_labels(Out out, const Frame& f, const PlotOptions& options) {
   const double cx = (f.left + f.right) / 2, cy = (f.top + f.bottom) / 2;
   if (!options.title().empty()) {
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"title\">{}</text>\n", cx,
-                   f.top - 6, escape_xml(options.title()));
+                   f.top - 6, detail::xml_escape(options.title()));
   }
   if (!options.xlabel().empty()) {
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"label\">{}</text>\n", cx,
-                   f.height - 5, escape_xml(options.xlabel()));
+                   f.height - 5, detail::xml_escape(options.xlabel()));
   }
   if (!options.ylabel().empty()) {
     fmt::format_to(
         out, "<text transform=\"translate({:.2f},{:.2f}) rotate(-90)\" class=\"label\">{}</text>\n",
-        4 + kLabelFont, cy, escape_xml(options.ylabel()));
+        4 + kLabelFont, cy, detail::xml_escape(options.ylabel()));
   }
 }
 

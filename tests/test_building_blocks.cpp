@@ -538,6 +538,34 @@ TEST(MultiHeadAttention, DropoutOnlyInTraining) {
   EXPECT_FALSE(torch::equal(attention(X, X, X), a));
 }
 
+// impl and record_attention_weights reach the inner DotProductAttention (and
+// survive clone()); every path gives the same numbers.
+TEST(MultiHeadAttention, OptionsChooseThePathAndRecording) {
+  torch::manual_seed(12);
+  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 3}), v = torch::randn({2, 5, 5});
+  const auto lens = torch::tensor({2, 5});
+  d2l::MultiHeadAttention reference(d2l::MultiHeadAttentionOptions(3, 4, 5, 6, 3));
+  const auto expected = reference(q, k, v, lens);
+  for (const auto impl : {d2l::Impl::kComposite, d2l::Impl::kFused}) {
+    d2l::MultiHeadAttention attention(
+        d2l::MultiHeadAttentionOptions(3, 4, 5, 6, 3).impl(impl).record_attention_weights(false));
+    {
+      torch::NoGradGuard no_grad;
+      const auto from = reference->named_parameters();
+      for (auto& p : attention->named_parameters()) p.value().copy_(from[p.key()]);
+    }
+    for (const auto& module :
+         {attention.ptr(),
+          std::dynamic_pointer_cast<d2l::MultiHeadAttentionImpl>(attention->clone())}) {
+      EXPECT_EQ(module->attention->options.impl(), impl);
+      EXPECT_FALSE(module->attention->options.record_attention_weights());
+      EXPECT_LT(max_rel_error(module->forward(q, k, v, lens), expected), 1e-6);
+      EXPECT_FALSE(module->attention->attention_weights.defined());
+    }
+  }
+  EXPECT_EQ(reference->attention->attention_weights.sizes(), (std::vector<int64_t>{6, 3, 5}));
+}
+
 TEST(MultiHeadAttention, CloneSaveLoadAndContainers) {
   d2l::MultiHeadAttention original(3, 4, 5, 6, 3, 0.1, true);
   auto copy = std::dynamic_pointer_cast<d2l::MultiHeadAttentionImpl>(original->clone());

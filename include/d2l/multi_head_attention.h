@@ -30,6 +30,12 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Whether the four projections have biases.
   TORCH_ARG(bool, bias) = false;
+  /// Path of the inner DotProductAttention (DotProductAttentionOptions::impl).
+  TORCH_ARG(Impl, impl) = Impl::kAuto;
+  /// Whether the inner DotProductAttention keeps the per-head weights of the
+  /// last call in `attention->attention_weights`; off for concurrent use
+  /// (DotProductAttentionOptions::record_attention_weights).
+  TORCH_ARG(bool, record_attention_weights) = true;
 };
 
 /// Splits the features of `X` (B, n, num_hiddens) into heads:
