@@ -107,6 +107,7 @@ fuzz: deps-sanitizers
 # $(BUILD_DIR)/bench-report.md).
 BENCH_THREADS ?= 1,2
 BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+               --benchmark_enable_random_interleaving=true \
                --benchmark_min_time=0.2
 bench: deps deps-python configure
 	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON

@@ -34,10 +34,12 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
                           "scaled by 1/sqrt(d)), got queries {} and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
-  const auto qk = torch::bmm(queries, keys.transpose(1, 2));
-  // The fused kernel folds the 1/sqrt(d) scaling into its exponentials.
+  auto qk = torch::bmm(queries, keys.transpose(1, 2));
+  // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
+  // without autograd writes the weights over qk, which nothing else holds.
   auto weights = detail::use_fused(fn, impl, queries.device())
-                     ? detail::fused_masked_softmax(qk, valid_lens, 1.0 / sqrt_d)
+                     ? detail::fused_masked_softmax_consuming(std::move(qk), valid_lens,
+                                                              1.0 / sqrt_d)
                      : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
   return {torch::bmm(detail::dropout_weights(weights, dropout, training), values),
           std::move(weights)};

@@ -25,6 +25,13 @@ torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor
 torch::Tensor fused_masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens,
                                    double scale = 1.0);
 
+/// fused_masked_softmax for scores the caller owns and no longer needs (a
+/// fresh bmm result): when nothing records a graph through them and they are
+/// contiguous float or double, the weights overwrite them (one B·n·m buffer
+/// instead of two); otherwise the same as fused_masked_softmax.
+torch::Tensor fused_masked_softmax_consuming(torch::Tensor X, const torch::Tensor& valid_lens,
+                                             double scale = 1.0);
+
 }  // namespace d2l::detail
 
 namespace d2l::detail {

@@ -8,6 +8,7 @@
 #include <d2l/dot_product_attention.h>
 #include <d2l/masking.h>
 
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -220,6 +221,42 @@ TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
     const auto fused = run(Impl::kFused);
     torch::manual_seed(15);
     expect_close(fused, run(Impl::kComposite), tol, "dot");
+  }
+}
+
+// Without autograd the fused path writes the weights over its own bmm result:
+// same numbers as the composite path under NoGradGuard and InferenceMode, for
+// every kind of lengths and odd key counts, and the inputs stay untouched.
+TEST_P(Fused, DotProductWithoutAutogradMatchesComposite) {
+  torch::manual_seed(16);
+  for (const auto& tol : {kDtypes[0], kDtypes[1]}) {
+    for (int64_t m : {1, 7, 9, 17}) {
+      const auto q = torch::randn({3, 4, 5}).to(tol.dtype), k = torch::randn({3, m, 5}).to(tol.dtype);
+      const auto v = torch::randn({3, m, 2}).to(tol.dtype);
+      const auto q0 = q.clone(), k0 = k.clone(), v0 = v.clone();
+      for (const auto& lens : {torch::Tensor(), torch::randint(0, m + 2, {3}),
+                               torch::randint(0, m + 2, {3, 4})}) {
+        const auto expected = d2l::functional::dot_product_attention(q, k, v, lens, 0, false,
+                                                                     Impl::kComposite);
+        auto check = [&](const char* mode) {
+          const auto [out, weights] =
+              d2l::functional::dot_product_attention(q, k, v, lens, 0, false, Impl::kFused);
+          const auto what = fmt::format("{} {} m={}", mode, c10::toString(tol.dtype), m);
+          EXPECT_LT(max_rel_error(out, std::get<0>(expected)), tol.forward) << what;
+          EXPECT_LT(max_rel_error(weights, std::get<1>(expected)), tol.forward) << what;
+          EXPECT_TRUE(weights.is_contiguous()) << what;
+        };
+        {
+          torch::NoGradGuard no_grad;
+          check("no_grad");
+        }
+        {
+          c10::InferenceMode inference;
+          check("inference");
+        }
+      }
+      EXPECT_TRUE(torch::equal(q, q0) && torch::equal(k, k0) && torch::equal(v, v0));
+    }
   }
 }
 

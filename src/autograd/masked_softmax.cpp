@@ -14,9 +14,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-torch::Tensor kernel_forward(const torch::Tensor& X, const torch::Tensor& lens, double scale) {
-  const auto x = compute_type(X);
-  auto y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+// y may be x itself: a row's kernel reads each valid score before writing
+// its weight, and the masked ones are zeroed without being read.
+void run_forward(const torch::Tensor& x, torch::Tensor& y, const torch::Tensor& lens,
+                 double scale) {
   const int64_t m = x.size(-1), rows = m == 0 ? 0 : x.numel() / m;
   const int64_t queries = x.dim() == 3 ? x.size(1) : 1;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "d2l::masked_softmax", [&] {
@@ -24,6 +25,12 @@ torch::Tensor kernel_forward(const torch::Tensor& X, const torch::Tensor& lens, 
                                              m, row_lengths(lens, queries),
                                              static_cast<scalar_t>(scale));
   });
+}
+
+torch::Tensor kernel_forward(const torch::Tensor& X, const torch::Tensor& lens, double scale) {
+  const auto x = compute_type(X);
+  auto y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+  run_forward(x, y, lens, scale);
   return as_dtype(y, X.scalar_type());
 }
 
@@ -88,6 +95,16 @@ torch::Tensor fused_masked_softmax(const torch::Tensor& X, const torch::Tensor& 
     return MaskedSoftmaxFunction::apply(X, lens, scale);
   }
   return kernel_forward(X, lens, scale);
+}
+
+torch::Tensor fused_masked_softmax_consuming(torch::Tensor X, const torch::Tensor& valid_lens,
+                                             double scale) {
+  const bool graph = torch::GradMode::is_enabled() && X.requires_grad();
+  const bool in_place = X.device().is_cpu() && X.is_contiguous() && X.numel() > 0 &&
+                        (X.scalar_type() == torch::kFloat || X.scalar_type() == torch::kDouble);
+  if (graph || !in_place) return fused_masked_softmax(X, valid_lens, scale);
+  run_forward(X, X, lengths_arg(valid_lens), scale);
+  return X;
 }
 
 }  // namespace d2l::detail
