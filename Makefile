@@ -106,19 +106,27 @@ fuzz: deps-sanitizers
 # counts, one run after the other, and prints one table (also written to
 # $(BUILD_DIR)/bench-report.md).
 BENCH_THREADS ?= 1,2
+# One process per thread count and shape: a fresh heap each, so that page
+# faults left by one case's allocations do not land on another's timing.
+BENCH_SHAPES ?= toy d2l mid big
 BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
                --benchmark_enable_random_interleaving=true \
                --benchmark_min_time=0.2
 bench: deps deps-python configure
 	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_attention
-	$(BUILD_DIR)/benchmarks/bench_attention --threads $(BENCH_THREADS) $(BENCH_FLAGS) \
-	  --benchmark_out=$(BUILD_DIR)/bench-cpp.json --benchmark_out_format=json
+	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(BENCH_SHAPES); do \
+	  $(BUILD_DIR)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
+	    --benchmark_out=$(BUILD_DIR)/bench-cpp-threads$$t-$$s.json --benchmark_out_format=json \
+	    || exit 1; \
+	done; done
 	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do \
 	  $(PYTHON) benchmarks/book_reference.py --threads $$t --out $(BUILD_DIR)/bench-book-threads$$t.json \
 	    || exit 1; \
 	done
-	python3 benchmarks/compare.py --cpp $(BUILD_DIR)/bench-cpp.json \
+	python3 benchmarks/compare.py \
+	  $$(for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(BENCH_SHAPES); do \
+	    echo --cpp $(BUILD_DIR)/bench-cpp-threads$$t-$$s.json; done; done) \
 	  $$(for t in $$(echo $(BENCH_THREADS) | tr , ' '); do echo --book $(BUILD_DIR)/bench-book-threads$$t.json; done) \
 	  --out $(BUILD_DIR)/bench-report.md
 	cat $(BUILD_DIR)/bench-report.md

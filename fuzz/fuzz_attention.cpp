@@ -569,11 +569,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   current = Call{};
   const int64_t op = in.below(8);
-  try {
-    d2l::set_cpu_isa(in.flag() ? d2l::CpuIsa::kDefault : d2l::CpuIsa::kAvx2);
-  } catch (const c10::Error&) {
-    d2l::set_cpu_isa(d2l::CpuIsa::kDefault);
-  }
+  // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
+  // back to what this CPU runs.
+  const uint8_t isa_byte = in.byte();
+  auto isa = (isa_byte & 1) != 0 ? d2l::CpuIsa::kDefault
+             : (isa_byte & 2) != 0 ? d2l::CpuIsa::kAvx2
+                                  : d2l::CpuIsa::kAvx512;
+  if (!d2l::cpu_isa_available(isa)) isa = d2l::CpuIsa::kAvx2;
+  if (!d2l::cpu_isa_available(isa)) isa = d2l::CpuIsa::kDefault;
+  d2l::set_cpu_isa(isa);
   try {
     switch (op) {
       case 0: fuzz_sequence_mask(in); break;

@@ -11,7 +11,9 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -27,14 +29,10 @@ using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
 
 std::vector<d2l::CpuIsa> runnable_isas() {
-  std::vector<d2l::CpuIsa> isas{d2l::CpuIsa::kDefault};
-  const auto saved = d2l::cpu_isa();
-  try {
-    d2l::set_cpu_isa(d2l::CpuIsa::kAvx2);
-    isas.push_back(d2l::CpuIsa::kAvx2);
-  } catch (const c10::Error&) {
+  std::vector<d2l::CpuIsa> isas;
+  for (auto isa : {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512}) {
+    if (d2l::cpu_isa_available(isa)) isas.push_back(isa);
   }
-  d2l::set_cpu_isa(saved);
   return isas;
 }
 
@@ -274,6 +272,7 @@ TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {
   }
   x.push_back(std::numeric_limits<float>::infinity());
   x.push_back(-std::numeric_limits<float>::infinity());
+  const auto saved = d2l::cpu_isa();
   for (auto isa : runnable_isas()) {
     d2l::set_cpu_isa(isa);
     std::vector<float> y(x.size());
@@ -289,8 +288,13 @@ TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {
     }
     EXPECT_LT(worst_abs, 5e-7) << d2l::to_string(isa);
     EXPECT_LT(worst_ulps, 8) << d2l::to_string(isa);
+    // NaN stays NaN, in every lane of a vector and in a partial tail.
+    std::vector<float> nan_in(37, std::numeric_limits<float>::quiet_NaN()), nan_out(37);
+    d2l::cpu::kernels<float>().tanh(nan_in.data(), nan_out.data(), 37);
+    EXPECT_TRUE(std::all_of(nan_out.begin(), nan_out.end(), [](float v) { return std::isnan(v); }))
+        << d2l::to_string(isa);
   }
-  d2l::set_cpu_isa(runnable_isas().back());
+  d2l::set_cpu_isa(saved);
 }
 
 TEST(FusedKernels, ChunkedScoresMatchCompositeAcrossManyChunks) {
@@ -336,9 +340,20 @@ TEST(FusedKernels, FusedImplRefusesOtherDevices) {
 
 TEST(FusedKernels, IsaCanBeChosenAndNamed) {
   const auto saved = d2l::cpu_isa();
+  // Without D2L_CPU_ISA in the environment, the widest runnable one is chosen.
+  if (std::getenv("D2L_CPU_ISA") == nullptr) EXPECT_EQ(saved, runnable_isas().back());
   d2l::set_cpu_isa(d2l::CpuIsa::kDefault);
   EXPECT_EQ(d2l::cpu_isa(), d2l::CpuIsa::kDefault);
   EXPECT_EQ(d2l::to_string(d2l::cpu_isa()), "default");
+  EXPECT_EQ(d2l::to_string(d2l::CpuIsa::kAvx2), "avx2");
+  EXPECT_EQ(d2l::to_string(d2l::CpuIsa::kAvx512), "avx512");
+  EXPECT_TRUE(d2l::cpu_isa_available(d2l::CpuIsa::kDefault));
+  for (auto isa : {d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512}) {
+    if (d2l::cpu_isa_available(isa)) continue;
+    EXPECT_THAT(error_message([&] { d2l::set_cpu_isa(isa); }),
+                HasSubstr("d2l::set_cpu_isa: " + d2l::to_string(isa) + " kernels cannot run here"));
+    EXPECT_EQ(d2l::cpu_isa(), d2l::CpuIsa::kDefault);
+  }
   d2l::set_cpu_isa(saved);
 }
 

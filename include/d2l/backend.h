@@ -15,12 +15,15 @@ enum class Impl {
   kFused,
 };
 
-/// Instruction sets the fused CPU kernels are compiled for.
-enum class CpuIsa { kDefault, kAvx2 };
+/// Instruction sets the fused CPU kernels are compiled for: generic C++
+/// (what the compiler makes of it for the baseline x86-64), AVX2 + FMA (8
+/// floats a vector) and AVX-512 F/BW/VL/DQ (16 floats a vector).
+enum class CpuIsa { kDefault, kAvx2, kAvx512 };
 
-/// The instruction set the fused kernels run with in this process: AVX2+FMA
-/// when the CPU has them and the library was built with that variant, unless
-/// the environment variable D2L_CPU_ISA=default (or set_cpu_isa) says otherwise.
+/// The instruction set the fused kernels run with in this process: the widest
+/// one that both this CPU and this build of the library have, unless the
+/// environment variable D2L_CPU_ISA (`default`, `avx2` or `avx512`) caps it or
+/// set_cpu_isa chose another.
 CpuIsa cpu_isa();
 
 /// Chooses the kernels' instruction set, e.g. to compare them; throws
@@ -28,7 +31,10 @@ CpuIsa cpu_isa();
 /// respect to kernels running at the same time.
 void set_cpu_isa(CpuIsa isa);
 
-/// "default" or "avx2".
+/// Whether this CPU and build can run `isa` (kDefault always can).
+bool cpu_isa_available(CpuIsa isa);
+
+/// "default", "avx2" or "avx512".
 std::string to_string(CpuIsa isa);
 
 }  // namespace d2l

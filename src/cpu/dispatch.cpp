@@ -20,10 +20,28 @@ bool avx2_runnable() {
 #endif
 }
 
+// The subsets ATen's AVX512 Vectorized<T> uses (vec512/*.h).
+bool avx512_runnable() {
+#if defined(D2L_HAVE_AVX512_KERNELS) && (defined(__GNUC__) || defined(__clang__))
+  return avx2_runnable() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+// The widest runnable ISA, capped by D2L_CPU_ISA (an unknown value is ignored:
+// an environment variable must not make the library unusable).
 CpuIsa initial_isa() {
-  const char* env = std::getenv("D2L_CPU_ISA");
-  if (env != nullptr && std::strcmp(env, "default") == 0) return CpuIsa::kDefault;
-  return avx2_runnable() ? CpuIsa::kAvx2 : CpuIsa::kDefault;
+  CpuIsa cap = CpuIsa::kAvx512;
+  if (const char* env = std::getenv("D2L_CPU_ISA")) {
+    if (std::strcmp(env, "default") == 0) cap = CpuIsa::kDefault;
+    if (std::strcmp(env, "avx2") == 0) cap = CpuIsa::kAvx2;
+  }
+  if (cap == CpuIsa::kAvx512 && avx512_runnable()) return CpuIsa::kAvx512;
+  if (cap != CpuIsa::kDefault && avx2_runnable()) return CpuIsa::kAvx2;
+  return CpuIsa::kDefault;
 }
 
 std::atomic<CpuIsa>& chosen_isa() {
@@ -35,31 +53,65 @@ std::atomic<CpuIsa>& chosen_isa() {
 
 CpuIsa cpu_isa() { return chosen_isa().load(std::memory_order_relaxed); }
 
+bool cpu_isa_available(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2: return avx2_runnable();
+    case CpuIsa::kAvx512: return avx512_runnable();
+    default: return true;
+  }
+}
+
 void set_cpu_isa(CpuIsa isa) {
-  TORCH_CHECK(isa != CpuIsa::kAvx2 || avx2_runnable(),
-              "d2l::set_cpu_isa: AVX2 kernels cannot run here (the CPU lacks AVX2/FMA or the "
-              "library was built without the AVX2 variant)");
+  TORCH_CHECK(cpu_isa_available(isa),
+              fmt::format("d2l::set_cpu_isa: {} kernels cannot run here (the CPU lacks the "
+                          "instructions or the library was built without that variant)",
+                          to_string(isa)));
   chosen_isa().store(isa, std::memory_order_relaxed);
 }
 
-std::string to_string(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "default"; }
+std::string to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+    default: return "default";
+  }
+}
 
 namespace cpu {
 
+template <typename T>
+const KernelTable<T>& table_for(CpuIsa isa);
+
 template <>
-const KernelTable<float>& kernels<float>() {
+const KernelTable<float>& table_for<float>(CpuIsa isa) {
+#ifdef D2L_HAVE_AVX512_KERNELS
+  if (isa == CpuIsa::kAvx512) return AVX512::float_kernels();
+#endif
 #ifdef D2L_HAVE_AVX2_KERNELS
-  if (cpu_isa() == CpuIsa::kAvx2) return AVX2::float_kernels();
+  if (isa == CpuIsa::kAvx2) return AVX2::float_kernels();
 #endif
   return DEFAULT::float_kernels();
 }
 
 template <>
-const KernelTable<double>& kernels<double>() {
+const KernelTable<double>& table_for<double>(CpuIsa isa) {
+#ifdef D2L_HAVE_AVX512_KERNELS
+  if (isa == CpuIsa::kAvx512) return AVX512::double_kernels();
+#endif
 #ifdef D2L_HAVE_AVX2_KERNELS
-  if (cpu_isa() == CpuIsa::kAvx2) return AVX2::double_kernels();
+  if (isa == CpuIsa::kAvx2) return AVX2::double_kernels();
 #endif
   return DEFAULT::double_kernels();
+}
+
+template <>
+const KernelTable<float>& kernels<float>() {
+  return table_for<float>(cpu_isa());
+}
+
+template <>
+const KernelTable<double>& kernels<double>() {
+  return table_for<double>(cpu_isa());
 }
 
 }  // namespace cpu

@@ -1,8 +1,8 @@
 #pragma once
 
 // Raw-pointer CPU kernels behind the fused paths. kernels.cpp is compiled once
-// per instruction set (namespaces d2l::cpu::DEFAULT and d2l::cpu::AVX2); the
-// op layer asks kernels<T>() for the table of the best one this CPU runs.
+// per instruction set (namespaces d2l::cpu::DEFAULT, AVX2 and AVX512); the
+// op layer asks kernels<T>() for the table of the one chosen for this process.
 
 #include <algorithm>
 #include <cstdint>
@@ -58,6 +58,7 @@ struct KernelTable {
 
 D2L_DECLARE_KERNEL_TABLES(DEFAULT)
 D2L_DECLARE_KERNEL_TABLES(AVX2)
+D2L_DECLARE_KERNEL_TABLES(AVX512)
 #undef D2L_DECLARE_KERNEL_TABLES
 
 /// The table of the instruction set chosen for this process (see d2l::cpu_isa()).
