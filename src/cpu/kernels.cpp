@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -197,7 +198,21 @@ template <typename T>
 void additive_scores_row(const T* q, const T* kT, const T* w, T* scores, int64_t L,
                          const AdditiveShape& s) {
   using V = Vectorized<T>;
-  for (int64_t j = 0; j < L; j += V::size()) {
+  constexpr int64_t S = V::size();
+  int64_t j = 0;
+  // Two key vectors at a time: two independent tanh chains per hidden unit.
+  for (; j + S < L; j += 2 * S) {
+    V acc0(0), acc1(0);
+    for (int64_t c = 0; c < s.h; ++c) {
+      const V qc(q[c]), wc(w[c]);
+      const T* kc = kT + c * s.m_pad + j;
+      acc0 = at::vec::fmadd(wc, vec_tanh(qc + V::loadu(kc)), acc0);
+      acc1 = at::vec::fmadd(wc, vec_tanh(qc + V::loadu(kc + S)), acc1);
+    }
+    acc0.store(scores + j);
+    acc1.store(scores + j + S);
+  }
+  if (j < L) {
     V acc(0);
     for (int64_t c = 0; c < s.h; ++c) {
       acc = at::vec::fmadd(V(w[c]), vec_tanh(V(q[c]) + V::loadu(kT + c * s.m_pad + j)), acc);
@@ -229,6 +244,45 @@ void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape
 // and one read-modify-write of dk per key and hidden unit.
 constexpr int64_t kQueryBlock = 4;
 
+// One block of Rows queries (rows i0.., their ds in ds[r * m_pad + j], zero
+// past each row's length) against keys [0, L) of one batch entry. Hidden
+// unit c is the outer loop, so each query's dq and the block's dw stay in
+// registers across the keys; the Rows tanh of one key vector are independent,
+// which keeps both FMA pipes busy. Rows is a compile-time count so that the
+// inner loop unrolls.
+template <int Rows, typename T>
+void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds, T* dqb,
+                             T* dkTb, Vectorized<T>* dw_thread, int64_t L,
+                             const AdditiveShape& s) {
+  using V = Vectorized<T>;
+  for (int64_t c = 0; c < s.h; ++c) {
+    V qv[Rows], dqv[Rows];
+    for (int r = 0; r < Rows; ++r) {
+      qv[r] = V(qb[r * s.h + c]);
+      dqv[r] = V(0);
+    }
+    V dwc(0);
+    const T* kc = kTb + c * s.m_pad;
+    T* dkc = dkTb + c * s.m_pad;
+    const V wc(w[c]);
+    for (int64_t j = 0; j < L; j += V::size()) {
+      const V k = V::loadu(kc + j);
+      V dk(0);
+      for (int r = 0; r < Rows; ++r) {
+        const V dsv = V::loadu(ds + r * s.m_pad + j);
+        const V t = vec_tanh(qv[r] + k);
+        const V g = dsv - dsv * t * t;
+        dqv[r] = dqv[r] + g;
+        dk = dk + g;
+        dwc = at::vec::fmadd(dsv, t, dwc);
+      }
+      at::vec::fmadd(dk, wc, V::loadu(dkc + j)).store(dkc + j);
+    }
+    for (int r = 0; r < Rows; ++r) dqb[r * s.h + c] = w[c] * horizontal_sum(dqv[r]);
+    dw_thread[c] = dw_thread[c] + dwc;
+  }
+}
+
 // Per batch entry b, for every query i and valid key j, with t = tanh(q_i + k_j)
 // and g = ds_ij (1 - t²):  dq_i += w g,  dk_j += w g,  dw += ds_ij t.
 // w is factored out of the sums over j and i. Batches run in parallel: each
@@ -244,7 +298,6 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
     V* dw_thread = dw_acc.data() + at::get_thread_num() * s.h;
     std::vector<T> ds(R * s.m_pad);
-    std::vector<V> dq_acc(R * s.h);
     for (int64_t b = begin; b < end; ++b) {
       const T* kTb = kT + b * s.h * s.m_pad;
       T* dkTb = dkT + b * s.h * s.m_pad;
@@ -262,30 +315,16 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
             std::copy(dout + row * s.m, dout + (row + 1) * s.m, dsr);
           }
         }
-        std::fill(dq_acc.begin(), dq_acc.end(), V(0));
-        const T* qb = q + (b * s.n + i0) * s.h;
-        for (int64_t j = 0; j < L; j += V::size()) {
-          V dsv[R];
-          for (int64_t r = 0; r < R; ++r) dsv[r] = V::loadu(ds.data() + r * s.m_pad + j);
-          for (int64_t c = 0; c < s.h; ++c) {
-            const V k = V::loadu(kTb + c * s.m_pad + j);
-            V dk(0), dwc = dw_thread[c];
-            for (int64_t r = 0; r < rows; ++r) {
-              const V t = vec_tanh(V(qb[r * s.h + c]) + k);
-              const V g = dsv[r] - dsv[r] * t * t;
-              dq_acc[r * s.h + c] = dq_acc[r * s.h + c] + g;
-              dk = dk + g;
-              dwc = at::vec::fmadd(dsv[r], t, dwc);
-            }
-            dw_thread[c] = dwc;
-            T* dkp = dkTb + c * s.m_pad + j;
-            at::vec::fmadd(dk, V(w[c]), V::loadu(dkp)).store(dkp);
-          }
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = 0; c < s.h; ++c) {
-            dq[(b * s.n + i0 + r) * s.h + c] = w[c] * horizontal_sum(dq_acc[r * s.h + c]);
-          }
+        const int64_t first = (b * s.n + i0) * s.h;
+        const auto block = [&](auto rows_constant) {
+          additive_backward_block<decltype(rows_constant)::value>(
+              q + first, kTb, w, ds.data(), dq + first, dkTb, dw_thread, L, s);
+        };
+        switch (rows) {
+          case 1: block(std::integral_constant<int, 1>{}); break;
+          case 2: block(std::integral_constant<int, 2>{}); break;
+          case 3: block(std::integral_constant<int, 3>{}); break;
+          default: block(std::integral_constant<int, R>{}); break;
         }
       }
     }
