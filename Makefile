@@ -108,6 +108,10 @@ fuzz: deps-sanitizers
 BENCH_THREADS ?= 1,2
 # One process per thread count and shape: a fresh heap each, so that page
 # faults left by one case's allocations do not land on another's timing.
+# OPENBLAS_NUM_THREADS follows the thread count on both sides: OpenBLAS
+# (pthreads) keeps its own pool, which at::set_num_threads does not size, so
+# a "1 thread" bmm would otherwise use every core, and at 2 threads its
+# spinning workers compete with OpenMP's.
 BENCH_SHAPES ?= toy d2l mid big
 BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
                --benchmark_enable_random_interleaving=true \
@@ -116,12 +120,12 @@ bench: deps deps-python configure
 	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_attention
 	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(BENCH_SHAPES); do \
-	  $(BUILD_DIR)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
+	  OPENBLAS_NUM_THREADS=$$t $(BUILD_DIR)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
 	    --benchmark_out=$(BUILD_DIR)/bench-cpp-threads$$t-$$s.json --benchmark_out_format=json \
 	    || exit 1; \
 	done; done
 	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do \
-	  $(PYTHON) benchmarks/book_reference.py --threads $$t --out $(BUILD_DIR)/bench-book-threads$$t.json \
+	  OPENBLAS_NUM_THREADS=$$t $(PYTHON) benchmarks/book_reference.py --threads $$t --out $(BUILD_DIR)/bench-book-threads$$t.json \
 	    || exit 1; \
 	done
 	python3 benchmarks/compare.py \
