@@ -11,6 +11,14 @@ DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev li
                    libbenchmark-dev libopenblas0-pthread libsleef-dev
 # Only `make bench` and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
+
+# The LibTorch 2.x leg: PyPI's torch wheel (a CUDA build; its LibTorch also
+# compiles our CUDA paths) in a project-local virtual environment. Pinned:
+# the GPU machines carry 2.11, and 2.14 on needs C++20.
+TORCH2_VERSION ?= 2.11.0
+VENV           ?= .venv
+BUILD2_DIR     ?= build-torch2
+TORCH2_STAMP   := $(VENV)/.torch-$(TORCH2_VERSION)
 # The sanitizer and fuzz builds (CMakePresets.json): clang 14 and its runtimes.
 SANITIZER_PACKAGES := clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -19,8 +27,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 
-.PHONY: deps deps-python deps-sanitizers configure build demo nadaraya-watson seq2seq test test-release test-asan \
-        test-tsan test-fuzz fuzz bench fixtures clean
+.PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
+        seq2seq test test-release test-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
@@ -45,6 +53,17 @@ deps-python:
 deps-sanitizers: deps
 	$(call install_missing,$(SANITIZER_PACKAGES))
 
+# Debian's python3 (3.11) makes the environment; pip brings torch and the
+# CUDA libraries it links (about 3 GB, cached by pip for the next time).
+deps-torch2: deps $(TORCH2_STAMP)
+
+$(TORCH2_STAMP):
+	$(call install_missing,python3-venv)
+	/usr/bin/python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==$(TORCH2_VERSION)
+	$(VENV)/bin/python -c 'import torch; assert torch.__version__.split("+")[0] == "$(TORCH2_VERSION)", torch.__version__'
+	touch $@
+
 $(BUILD_DIR)/CMakeCache.txt: | deps
 	cmake --preset release -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
 
@@ -52,6 +71,16 @@ configure: deps $(BUILD_DIR)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# The same sources against the wheel's LibTorch, in a build directory of its
+# own, so that neither leg rebuilds the other's objects.
+$(BUILD2_DIR)/CMakeCache.txt: | deps-torch2
+	cmake --preset release -B $(BUILD2_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
+	  $(CMAKE_ARGS)
+
+build-torch2: deps-torch2 $(BUILD2_DIR)/CMakeCache.txt
+	cmake --build $(BUILD2_DIR) -j $(JOBS)
 
 demo: build
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
@@ -68,17 +97,27 @@ seq2seq: build
 	  --save $(BUILD_DIR)/seq2seq/attention_model.pt $(SEQ2SEQ_ARGS)
 
 # Every suite, then one line adding up their ctest summaries:
-#   release: the GoogleTest suite and the installed-package test (gcc, -O2);
-#   asan:    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
-#   tsan:    the concurrency tests under ThreadSanitizer;
-#   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus.
-CTEST_LOGS := $(BUILD_DIR)/ctest.log build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
-test: test-release test-asan test-tsan test-fuzz
+#   release: the GoogleTest suite and the installed-package test (gcc, -O2),
+#            on Debian's LibTorch 1.13;
+#   torch2:  the same, on the LibTorch of PyPI's torch $(TORCH2_VERSION) (CUDA build;
+#            CUDA tests skip without a GPU);
+#   asan:    the suite under AddressSanitizer + UndefinedBehaviorSanitizer (1.13);
+#   tsan:    the concurrency tests under ThreadSanitizer (1.13);
+#   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus (1.13).
+CTEST_LOGS := $(BUILD_DIR)/ctest.log $(BUILD2_DIR)/ctest.log build-asan/ctest.log \
+              build-tsan/ctest.log build-fuzz/ctest.log
+test: test-release test-torch2 test-asan test-tsan test-fuzz
+	@for log in $(CTEST_LOGS); do \
+	  sed -n "s|.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*|$$log: \2 tests, \1 failed|p" $$log; \
+	done
 	@cat $(CTEST_LOGS) | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' \
 	  | awk '{ failed += $$1; total += $$2 } END { printf "total: %d passed, %d failed\n", total - failed, failed }'
 
 test-release: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
+
+test-torch2: build-torch2
+	cd $(BUILD2_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
 
 test-asan: deps-sanitizers
 	cmake --preset asan-ubsan
@@ -135,10 +174,25 @@ bench: deps deps-python configure
 	  --out $(BUILD_DIR)/bench-report.md
 	cat $(BUILD_DIR)/bench-report.md
 
+# Dot-product attention without weights against LibTorch 2.x's SDPA on the CPU,
+# (BH, n = m, d = 64) with random valid lengths, at each thread count, one
+# process per shape; prints a markdown table of medians and ratios.
+SDPA_SHAPES ?= sdpa128 sdpa512 sdpa1024 sdpa2048 sdpa4096
+bench-sdpa: build-torch2
+	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_attention
+	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(SDPA_SHAPES); do \
+	  OPENBLAS_NUM_THREADS=$$t $(BUILD2_DIR)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
+	    --benchmark_out=$(BUILD2_DIR)/bench-sdpa-threads$$t-$$s.json --benchmark_out_format=json \
+	    || exit 1; \
+	done; done
+	python3 benchmarks/sdpa_table.py $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
+	  | tee $(BUILD2_DIR)/bench-sdpa-report.md
+
 # Regenerates the golden fixtures from the Python reference code.
 fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures.py
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD_DIR) $(BUILD2_DIR) build-asan build-tsan build-fuzz

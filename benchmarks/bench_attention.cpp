@@ -3,7 +3,7 @@
 // benchmarks/book_reference.py. Names: `[composite:]<case>/<shape>/threads:<N>`,
 // read by benchmarks/compare.py.
 //
-//   bench_attention [--threads 1,2] [--shapes toy,d2l,mid,big] [--no-memory]
+//   bench_attention [--threads 1,2] [--shapes toy,d2l,mid,big,sdpa128,...,sdpa4096] [--no-memory]
 //                   [--composite-big] [Google Benchmark flags]
 
 #include <benchmark/benchmark.h>
@@ -186,6 +186,57 @@ std::map<std::string, CaseFactory> floor_cases() {
   return c;
 }
 
+// ------------------------------------------- dot-product attention vs SDPA
+// LibTorch 2.x's scaled_dot_product_attention against our dot-product paths
+// without weights, on (BH, n = m, d = 64) with random valid lengths in
+// [1, m]. SDPA gets the equivalent boolean key-padding mask, as a user
+// calling it directly would give it. Shapes `sdpa128` ... `sdpa4096`.
+
+const std::vector<Shape> kSdpaShapes = {{"sdpa128", 32, 128, 128, 64, 0},
+                                        {"sdpa512", 8, 512, 512, 64, 0},
+                                        {"sdpa1024", 4, 1024, 1024, 64, 0},
+                                        {"sdpa2048", 4, 2048, 2048, 64, 0},
+                                        {"sdpa4096", 2, 4096, 4096, 64, 0}};
+
+torch::Tensor dot_without_weights(const Inputs& in, const std::vector<torch::Tensor>& qkv,
+                                  d2l::Impl impl) {
+  return std::get<0>(d2l::functional::dot_product_attention(qkv[0], qkv[1], qkv[2], in.lens, 0.0,
+                                                            false, impl, /*need_weights=*/false));
+}
+
+std::map<std::string, CaseFactory> sdpa_cases() {
+  std::map<std::string, CaseFactory> c;
+  for (auto [name, impl] : std::vector<std::pair<std::string, d2l::Impl>>{
+           {"dot_fused_noweights", d2l::Impl::kFused}, {"dot_auto_noweights", d2l::Impl::kAuto}}) {
+    c[name + "_fwd"] = [impl = impl](const Shape&, const Inputs& in) {
+      return forward_only([=] {
+        return dot_without_weights(in, {in.queries, in.keys, in.values}, impl);
+      });
+    };
+    c[name + "_fwdbwd"] = [impl = impl](const Shape&, const Inputs& in) {
+      return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
+                              [=](const auto& x) { return dot_without_weights(in, x, impl); });
+    };
+  }
+#if D2L_HAS_SDPA
+  auto sdpa = [](const Inputs& in, const std::vector<torch::Tensor>& x) {
+    const auto mask = (torch::arange(x[1].size(1)) < in.lens.view({-1, 1})).view(
+        {x[1].size(0), 1, 1, x[1].size(1)});
+    return at::scaled_dot_product_attention(x[0].unsqueeze(1), x[1].unsqueeze(1),
+                                            x[2].unsqueeze(1), mask)
+        .squeeze(1);
+  };
+  c["sdpa_fwd"] = [=](const Shape&, const Inputs& in) {
+    return forward_only([=] { return sdpa(in, {in.queries, in.keys, in.values}); });
+  };
+  c["sdpa_fwdbwd"] = [=](const Shape&, const Inputs& in) {
+    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
+                            [=](const auto& x) { return sdpa(in, x); });
+  };
+#endif
+  return c;
+}
+
 struct Config {
   std::vector<int> threads{1, 2};
   std::vector<std::string> shapes{"toy", "d2l", "mid", "big"};
@@ -259,6 +310,17 @@ int main(int argc, char** argv) {
         const bool slow = shape.name == "big" && name.rfind("additive", 0) == 0;
         if (slow && !config.composite_big) continue;
         register_case("composite:" + name + suffix, shape, threads, factory, config.memory);
+      }
+    }
+  }
+  for (const auto& shape : kSdpaShapes) {
+    if (std::find(config.shapes.begin(), config.shapes.end(), shape.name) == config.shapes.end()) {
+      continue;
+    }
+    for (int threads : config.threads) {
+      for (const auto& [name, factory] : sdpa_cases()) {
+        register_case(fmt::format("{}/{}/threads:{}", name, shape.name, threads), shape, threads,
+                      factory, config.memory);
       }
     }
   }

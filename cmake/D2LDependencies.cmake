@@ -2,7 +2,36 @@
 #   Torch  - CMAKE_PREFIX_PATH=<libtorch or torch.utils.cmake_prefix_path>
 #   fmt    - D2L_FMT_INCLUDE_DIR=<fmt/include> to use it header-only
 #   GTest  - D2L_GTEST_SOURCE_DIR=<googletest sources>
-find_package(Torch REQUIRED)
+include(D2LFindTorch)
+d2l_find_torch(REQUIRED)
+# Which LibTorch this is, in the configure output: with several on one machine
+# (Debian's and a wheel's), the one found is the first question to ask.
+if(TARGET torch)
+  get_target_property(D2L_TORCH_LOCATION torch IMPORTED_LOCATION_RELEASE)
+  if(NOT D2L_TORCH_LOCATION)
+    get_target_property(D2L_TORCH_LOCATION torch IMPORTED_LOCATION)
+  endif()
+endif()
+message(STATUS "d2l_attention: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}, library ${D2L_TORCH_LOCATION})")
+if(Torch_VERSION VERSION_LESS 1.13)
+  message(FATAL_ERROR "d2l_attention needs LibTorch 1.13 or newer; found ${Torch_VERSION} at "
+                      "${TORCH_INSTALL_PREFIX}")
+endif()
+# LibTorch 2.14's headers stop with '#error C++20 or later compatible compiler
+# is required'; say so here rather than deep in a header.
+if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
+  message(FATAL_ERROR "LibTorch ${Torch_VERSION} needs C++20 (from 2.14 on), and this build "
+                      "uses C++${CMAKE_CXX_STANDARD}: configure with -DCMAKE_CXX_STANDARD=20, or "
+                      "use LibTorch 2.13 or older (tested: 1.13 and 2.11)")
+endif()
+
+# PyPI's torch wheels (2.x) ship fmt's headers in their include directory,
+# which the compiler then finds before any other fmt: linking a system libfmt
+# of another version against them fails. Use those headers header-only.
+if(NOT D2L_FMT_INCLUDE_DIR AND EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
+  set(D2L_FMT_INCLUDE_DIR "${TORCH_INSTALL_PREFIX}/include")
+  message(STATUS "d2l_attention: fmt from LibTorch's own headers, header-only")
+endif()
 
 if(D2L_FMT_INCLUDE_DIR)
   add_library(d2l_fmt_header_only INTERFACE)

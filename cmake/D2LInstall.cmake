@@ -18,4 +18,5 @@ write_basic_package_version_file(
   COMPATIBILITY SameMinorVersion)
 install(FILES "${CMAKE_CURRENT_BINARY_DIR}/d2l_attentionConfig.cmake"
               "${CMAKE_CURRENT_BINARY_DIR}/d2l_attentionConfigVersion.cmake"
+              "${CMAKE_CURRENT_SOURCE_DIR}/cmake/D2LFindTorch.cmake"
         DESTINATION ${D2L_CMAKE_DIR})

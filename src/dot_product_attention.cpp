@@ -1,9 +1,11 @@
 #include <d2l/dot_product_attention.h>
-
+#include <d2l/torch_version.h>
 
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
 
 #include "checks.h"
 #include "internal.h"
@@ -15,13 +17,97 @@ torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool train
   return training && p > 0 ? torch::dropout(weights, p, training) : weights;
 }
 
+// Impl::kAuto hands dot-product attention that returns no weights to
+// LibTorch's SDPA on the CPU from kSdpaMinKeysCpu keys on: its flash kernel
+// never builds the (B, n, m) scores, and it outruns bmm + fused softmax + bmm
+// once the key rows no longer fit in cache (README, "Choosing a path").
+bool sdpa_eligible(const torch::Tensor& queries, const torch::Tensor& keys,
+                   const torch::Tensor& values) {
+  return queries.numel() > 0 && keys.numel() > 0 && values.numel() > 0;
+}
+
+bool records_graph(const torch::Tensor& queries, const torch::Tensor& keys,
+                   const torch::Tensor& values) {
+  return torch::GradMode::is_enabled() &&
+         (queries.requires_grad() || keys.requires_grad() || values.requires_grad());
+}
+
+Impl choose_dot_product_impl(const char* fn, Impl impl, const torch::Tensor& queries,
+                             const torch::Tensor& keys, const torch::Tensor& values,
+                             double dropout, bool training, bool need_weights) {
+  if (impl == Impl::kSdpa) {
+    TORCH_CHECK(D2L_HAS_SDPA,
+                fmt::format("{}: Impl::kSdpa needs LibTorch 2.1 or newer "
+                            "(at::scaled_dot_product_attention); this build of d2l_attention "
+                            "uses LibTorch {}",
+                            fn, torch_version()));
+    TORCH_CHECK(!need_weights,
+                fmt::format("{}: Impl::kSdpa returns no attention weights; call it with "
+                            "need_weights=false (DotProductAttentionOptions::"
+                            "record_attention_weights(false) in the modules)",
+                            fn));
+    // Empty sizes take the composite path, which keeps the autograd graph.
+    return sdpa_eligible(queries, keys, values) ? Impl::kSdpa : Impl::kComposite;
+  }
+  const bool fused = use_fused(fn, impl, queries.device());
+  if (impl != Impl::kAuto || !D2L_HAS_SDPA || need_weights) {
+    return fused ? Impl::kFused : Impl::kComposite;
+  }
+  // Dropout keeps its semantics (and random stream) on our own paths.
+  const bool sdpa =
+      !(training && dropout > 0) && sdpa_eligible(queries, keys, values) &&
+      (queries.is_cuda() ||
+       // On the CPU our fused softmax keeps double backward, which SDPA's CPU
+       // kernel lacks, so training stays on it.
+       (queries.device().is_cpu() && !records_graph(queries, keys, values) &&
+        keys.size(1) >= kSdpaMinKeysCpu));
+  return sdpa ? Impl::kSdpa : fused ? Impl::kFused : Impl::kComposite;
+}
+
+torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values, const torch::Tensor& valid_lens,
+                             double dropout) {
+#if D2L_HAS_SDPA
+  const int64_t batch = queries.size(0), m = keys.size(1);
+  torch::Tensor attend, no_valid_key, visible_keys = keys;
+  if (valid_lens.defined()) {
+    // Lengths as (B, 1) or (B, n); the mask broadcasts over queries for the
+    // former, so it stays (B, 1, 1, m).
+    const auto lens = valid_lens.dim() == 1 ? valid_lens.view({batch, 1}) : valid_lens;
+    const auto positions = torch::arange(m, lens.options().dtype(torch::kLong));
+    no_valid_key = (lens <= 0).unsqueeze(-1);
+    // A row with no valid key attends to every key here and is zeroed below:
+    // a fully masked row is NaN in SDPA before 2.5, and its zeros from 2.5 on
+    // are not promised by every CUDA backend.
+    attend = (positions < lens.unsqueeze(-1)).logical_or(no_valid_key);
+    // Keys that no query of an example may see are zeroed: SDPA applies the
+    // boolean mask as an additive -inf, which would turn an inf or NaN score
+    // of a padding key into NaN where the composite path masks it out.
+    const auto max_len = std::get<0>(lens.max(1, /*keepdim=*/true));
+    visible_keys = keys.masked_fill((positions >= max_len).unsqueeze(-1), 0);
+    attend = attend.unsqueeze(1);
+  }
+  // An undefined tensor is not "no mask" to SDPA: it must be nullopt.
+  const auto mask = attend.defined() ? std::optional<torch::Tensor>(attend) : std::nullopt;
+  auto out = at::scaled_dot_product_attention(queries.unsqueeze(1), visible_keys.unsqueeze(1),
+                                              values.unsqueeze(1), mask, dropout,
+                                              /*is_causal=*/false)
+                 .squeeze(1);
+  return no_valid_key.defined() ? out.masked_fill(no_valid_key, 0) : out;
+#else
+  (void)queries, (void)keys, (void)values, (void)valid_lens, (void)dropout;
+  TORCH_INTERNAL_ASSERT(false, "sdpa_attention without LibTorch 2.1");
+#endif
+}
+
 }  // namespace detail
 
 namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, double dropout, bool training, Impl impl) {
+    const torch::Tensor& valid_lens, double dropout, bool training, Impl impl,
+    bool need_weights) {
   constexpr const char* fn = "d2l::dot_product_attention";
   detail::check_qkv(fn, queries, keys, values, valid_lens);
   TORCH_CHECK(queries.size(2) == keys.size(2),
@@ -33,16 +119,23 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
               fmt::format("{}: queries and keys must have at least one feature (scores are "
                           "scaled by 1/sqrt(d)), got queries {} and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
+  const auto path = detail::choose_dot_product_impl(fn, impl, queries, keys, values, dropout,
+                                                    training, need_weights);
+  if (path == Impl::kSdpa) {
+    return {detail::sdpa_attention(queries, keys, values, valid_lens, training ? dropout : 0.0),
+            torch::Tensor()};
+  }
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights = detail::use_fused(fn, impl, queries.device())
+  auto weights = path == Impl::kFused
                      ? detail::fused_masked_softmax_consuming(std::move(qk), valid_lens,
                                                               1.0 / sqrt_d)
                      : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
-  return {torch::bmm(detail::dropout_weights(weights, dropout, training), values),
-          std::move(weights)};
+  auto output = torch::bmm(detail::dropout_weights(weights, dropout, training), values);
+  if (!need_weights) weights = torch::Tensor();
+  return {std::move(output), std::move(weights)};
 }
 
 }  // namespace functional
@@ -72,7 +165,7 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& valid_lens) {
   auto [output, weights] = functional::dot_product_attention(
       queries, keys, values, valid_lens, dropout->options.p(), dropout->is_training(),
-      options.impl());
+      options.impl(), /*need_weights=*/options.record_attention_weights());
   if (options.record_attention_weights()) {
     std::lock_guard<std::mutex> lock(*record_mutex_);
     attention_weights = std::move(weights);

@@ -2,11 +2,53 @@
 
 #include <fmt/format.h>
 
+#include <c10/util/Type.h>
+
+#include <typeinfo>
 #include <utility>
 
 #include "checks.h"
 
 namespace d2l {
+namespace {
+
+// The interfaces do not derive from torch::nn::Module (see Encoder); the
+// classes that implement them do, so the module is a cross-cast away.
+template <typename Interface>
+torch::nn::Module& module_of(Interface* part, const char* interface) {
+  auto* module = dynamic_cast<torch::nn::Module*>(part);
+  TORCH_CHECK(module != nullptr,
+              fmt::format("d2l::{0}::as_module: this d2l::{0} (class {1}) is not a "
+                          "torch::nn::Module; declare it as "
+                          "`struct MyImpl : torch::nn::Cloneable<MyImpl>, d2l::{0}`",
+                          interface, c10::demangle(typeid(*part).name())));
+  return *module;
+}
+
+template <typename Interface>
+std::shared_ptr<torch::nn::Module> shared_module(const std::shared_ptr<Interface>& part,
+                                                 const char* what, const char* interface) {
+  TORCH_CHECK(part != nullptr,
+              fmt::format("d2l::EncoderDecoder: {} must be a module, got nullptr", what));
+  auto module = std::dynamic_pointer_cast<torch::nn::Module>(part);
+  TORCH_CHECK(module != nullptr,
+              fmt::format("d2l::EncoderDecoder: {0} must be a torch::nn::Module that implements "
+                          "d2l::{1}, got a d2l::{1} of class {2} that is not a module; declare "
+                          "it as `struct MyImpl : torch::nn::Cloneable<MyImpl>, d2l::{1}`",
+                          what, interface, c10::demangle(typeid(*part).name())));
+  return module;
+}
+
+}  // namespace
+
+torch::nn::Module& Encoder::as_module() { return module_of(this, "Encoder"); }
+const torch::nn::Module& Encoder::as_module() const {
+  return module_of(const_cast<Encoder*>(this), "Encoder");
+}
+torch::nn::Module& Decoder::as_module() { return module_of(this, "Decoder"); }
+const torch::nn::Module& Decoder::as_module() const {
+  return module_of(const_cast<Decoder*>(this), "Decoder");
+}
 
 EncoderDecoderImpl::EncoderDecoderImpl(std::shared_ptr<Encoder> encoder_,
                                        std::shared_ptr<Decoder> decoder_)
@@ -15,10 +57,8 @@ EncoderDecoderImpl::EncoderDecoderImpl(std::shared_ptr<Encoder> encoder_,
 }
 
 void EncoderDecoderImpl::reset() {
-  TORCH_CHECK(encoder != nullptr, "d2l::EncoderDecoder: encoder must be a module, got nullptr");
-  TORCH_CHECK(decoder != nullptr, "d2l::EncoderDecoder: decoder must be a module, got nullptr");
-  encoder = register_module("encoder", encoder);
-  decoder = register_module("decoder", decoder);
+  register_module("encoder", shared_module(encoder, "encoder", "Encoder"));
+  register_module("decoder", shared_module(decoder, "decoder", "Decoder"));
 }
 
 void EncoderDecoderImpl::pretty_print(std::ostream& stream) const {
@@ -30,12 +70,15 @@ std::shared_ptr<torch::nn::Module> EncoderDecoderImpl::clone(
   // The copy constructor keeps the training mode; the children it shares with
   // `this` are then swapped for deep copies.
   auto copy = std::make_shared<EncoderDecoderImpl>(*this);
-  auto encoder_copy = std::dynamic_pointer_cast<Encoder>(encoder->clone(device));
-  auto decoder_copy = std::dynamic_pointer_cast<Decoder>(decoder->clone(device));
-  TORCH_INTERNAL_ASSERT(encoder_copy && decoder_copy,
-                        "clone() of an encoder or decoder changed its type");
-  copy->encoder = copy->replace_module("encoder", std::move(encoder_copy));
-  copy->decoder = copy->replace_module("decoder", std::move(decoder_copy));
+  auto encoder_module = encoder->as_module().clone(device);
+  auto decoder_module = decoder->as_module().clone(device);
+  copy->encoder = std::dynamic_pointer_cast<Encoder>(encoder_module);
+  copy->decoder = std::dynamic_pointer_cast<Decoder>(decoder_module);
+  TORCH_CHECK(copy->encoder && copy->decoder,
+              "d2l::EncoderDecoder::clone: clone() of the encoder or decoder returned a module "
+              "that no longer implements d2l::Encoder or d2l::Decoder");
+  copy->replace_module("encoder", std::move(encoder_module));
+  copy->replace_module("decoder", std::move(decoder_module));
   return copy;
 }
 

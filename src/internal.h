@@ -64,7 +64,18 @@ torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training);
 
 /// Whether `impl` runs the fused CPU kernels for tensors on `device`; throws
-/// (naming `fn`) for kFused off the CPU.
+/// (naming `fn`) for kFused off the CPU and for kSdpa.
 bool use_fused(const char* fn, Impl impl, const c10::Device& device);
+
+/// The path functional::dot_product_attention runs for these arguments:
+/// kSdpa, kFused or kComposite (never kAuto). Throws, naming `fn`, for
+/// kSdpa on LibTorch older than 2.1 or with `need_weights`.
+Impl choose_dot_product_impl(const char* fn, Impl impl, const torch::Tensor& queries,
+                             const torch::Tensor& keys, const torch::Tensor& values,
+                             double dropout, bool training, bool need_weights);
+
+/// Keys (from this many on) at which Impl::kAuto runs LibTorch's SDPA on the
+/// CPU for inference without weights.
+constexpr int64_t kSdpaMinKeysCpu = 1024;
 
 }  // namespace d2l::detail

@@ -114,6 +114,11 @@ torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tens
 }  // namespace detail
 
 bool detail::use_fused(const char* fn, Impl impl, const c10::Device& device) {
+  TORCH_CHECK(impl != Impl::kSdpa,
+              fmt::format("{}: Impl::kSdpa (LibTorch's scaled_dot_product_attention) is only for "
+                          "dot-product attention (DotProductAttention, MultiHeadAttention); use "
+                          "Impl::kAuto, kFused or kComposite here",
+                          fn));
   TORCH_CHECK(impl != Impl::kFused || device.is_cpu(),
               fmt::format("{}: Impl::kFused runs on the CPU, got tensors on {}; use Impl::kAuto "
                           "to pick a path for the device",

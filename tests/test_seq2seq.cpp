@@ -7,6 +7,7 @@
 
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -360,6 +361,124 @@ TEST(Seq2Seq, RejectsBadOptions) {
                                     std::shared_ptr<d2l::Decoder>(d2l::Seq2SeqDecoder(10, 8, 16, 2).ptr()));
               }),
               HasSubstr("d2l::EncoderDecoder: encoder must be a module, got nullptr"));
+}
+
+// ---------------------------------------------------------------------------
+// User-defined encoders and decoders
+
+// An encoder written by a user, as the README shows: a module that also
+// implements d2l::Encoder. It embeds the tokens and uses their running mean
+// as the state of every layer.
+struct MeanEncoderImpl : torch::nn::Cloneable<MeanEncoderImpl>, d2l::Encoder {
+  MeanEncoderImpl(int64_t vocab_size, int64_t num_hiddens, int64_t num_layers)
+      : vocab_size(vocab_size), num_hiddens(num_hiddens), num_layers(num_layers) {
+    reset();
+  }
+  void reset() override {
+    embedding = register_module("embedding", torch::nn::Embedding(vocab_size, num_hiddens));
+  }
+  d2l::EncoderOutput forward(const torch::Tensor& X, const torch::Tensor& = {}) override {
+    const auto outputs = embedding(X).permute({1, 0, 2});  // (num_steps, B, num_hiddens)
+    const auto mean = outputs.cumsum(0) / torch::arange(1, X.size(1) + 1).view({-1, 1, 1});
+    return {torch::tanh(mean), torch::tanh(mean[-1]).unsqueeze(0).repeat({num_layers, 1, 1})};
+  }
+  int64_t vocab_size, num_hiddens, num_layers;
+  torch::nn::Embedding embedding{nullptr};
+};
+TORCH_MODULE(MeanEncoder);
+
+// A decoder written by a user: logits from the embedding and the mean of the
+// encoder outputs.
+struct BagDecoderImpl : torch::nn::Cloneable<BagDecoderImpl>, d2l::Decoder {
+  BagDecoderImpl(int64_t vocab_size, int64_t num_hiddens)
+      : vocab_size(vocab_size), num_hiddens(num_hiddens) {
+    reset();
+  }
+  void reset() override {
+    embedding = register_module("embedding", torch::nn::Embedding(vocab_size, num_hiddens));
+    dense = register_module("dense", torch::nn::Linear(2 * num_hiddens, vocab_size));
+  }
+  d2l::DecoderState init_state(const d2l::EncoderOutput& enc, const torch::Tensor&) override {
+    d2l::DecoderState state;
+    state.enc_outputs = enc.outputs.permute({1, 0, 2});
+    return state;
+  }
+  std::tuple<torch::Tensor, d2l::DecoderState> forward(const torch::Tensor& X,
+                                                       const d2l::DecoderState& state) override {
+    const auto context = state.enc_outputs.mean(1, /*keepdim=*/true).expand({-1, X.size(1), -1});
+    return {dense(torch::cat({embedding(X), context}, -1)), state};
+  }
+  int64_t vocab_size, num_hiddens;
+  torch::nn::Embedding embedding{nullptr};
+  torch::nn::Linear dense{nullptr};
+};
+TORCH_MODULE(BagDecoder);
+
+TEST(EncoderDecoder, TakesAUserDefinedEncoderAndDecoder) {
+  torch::manual_seed(21);
+  const auto enc_X = torch::randint(0, kVocab, {3, 5}), dec_X = torch::randint(0, kVocab, {3, 4});
+  const auto lens = torch::tensor({5, 2, 3});
+  // A user encoder with the library's attention decoder.
+  d2l::EncoderDecoder model(MeanEncoder(kVocab, kHiddens, kLayers),
+                            d2l::Seq2SeqAttentionDecoder(kVocab, kEmbed, kHiddens, kLayers));
+  auto [logits, state] = model(enc_X, dec_X, lens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 4, kVocab}));
+  const auto names = parameter_names(*model);
+  EXPECT_EQ(names.front(), "encoder.embedding.weight");
+  EXPECT_EQ(std::count_if(names.begin(), names.end(),
+                          [](const std::string& n) { return n.rfind("decoder.attention.", 0) == 0; }),
+            3);  // W_k, W_q, w_v
+  // Gradients reach the user's parameters through the interface.
+  logits.sum().backward();
+  EXPECT_GT(model->named_parameters()["encoder.embedding.weight"].grad().abs().sum().item<float>(), 0);
+  // The modules are reachable through the interfaces.
+  EXPECT_EQ(&model->encoder->as_module(), model->named_children()["encoder"].get());
+  EXPECT_EQ(&model->decoder->as_module(), model->named_children()["decoder"].get());
+
+  // clone() is deep and keeps the user's class and its numbers.
+  auto copy = std::dynamic_pointer_cast<d2l::EncoderDecoderImpl>(model->clone());
+  ASSERT_TRUE(copy);
+  ASSERT_TRUE(std::dynamic_pointer_cast<MeanEncoderImpl>(copy->encoder));
+  EXPECT_NE(copy->encoder.get(), model->encoder.get());
+  EXPECT_EQ(copy->named_children()["encoder"].get(), &copy->encoder->as_module());
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(std::get<0>(copy->forward(enc_X, dec_X, lens)), logits));
+    copy->named_parameters()["encoder.embedding.weight"].zero_();
+    EXPECT_FALSE(torch::equal(std::get<0>(copy->forward(enc_X, dec_X, lens)), logits));
+    EXPECT_TRUE(torch::equal(std::get<0>(model->forward(enc_X, dec_X, lens)), logits));
+  }
+
+  // A user decoder with the library's encoder, and both user-written.
+  d2l::EncoderDecoder mixed(d2l::Seq2SeqEncoder(kVocab, kEmbed, kHiddens, kLayers),
+                            BagDecoder(kVocab, kHiddens));
+  EXPECT_EQ(std::get<0>(mixed(enc_X, dec_X, lens)).sizes(), (std::vector<int64_t>{3, 4, kVocab}));
+  d2l::EncoderDecoder both(MeanEncoder(kVocab, kHiddens, kLayers), BagDecoder(kVocab, kHiddens));
+  EXPECT_EQ(std::get<0>(both(enc_X, dec_X, lens)).sizes(), (std::vector<int64_t>{3, 4, kVocab}));
+  EXPECT_EQ(parameter_names(*both),
+            (std::vector<std::string>{"encoder.embedding.weight", "decoder.embedding.weight",
+                                      "decoder.dense.weight", "decoder.dense.bias"}));
+}
+
+// The interfaces alone are not modules: an encoder must also be one.
+struct NotAModuleEncoder : d2l::Encoder {
+  d2l::EncoderOutput forward(const torch::Tensor& X, const torch::Tensor&) override {
+    return {X, X};
+  }
+};
+
+TEST(EncoderDecoder, RejectsAnEncoderThatIsNotAModule) {
+  auto encoder = std::make_shared<NotAModuleEncoder>();
+  EXPECT_THAT(
+      error_message([&] {
+        d2l::EncoderDecoder(encoder, std::shared_ptr<d2l::Decoder>(d2l::Seq2SeqDecoder(10, 8, 16, 2).ptr()));
+      }),
+      HasSubstr("d2l::EncoderDecoder: encoder must be a torch::nn::Module that implements "
+                "d2l::Encoder, got a d2l::Encoder of class (anonymous namespace)::NotAModuleEncoder "
+                "that is not a module"));
+  EXPECT_THAT(error_message([&] { encoder->as_module(); }),
+              HasSubstr("d2l::Encoder::as_module: this d2l::Encoder (class "
+                        "(anonymous namespace)::NotAModuleEncoder) is not a torch::nn::Module"));
 }
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <d2l/encoder_decoder.h>
 #include <d2l/heatmap.h>
 #include <d2l/backend.h>
+#include <d2l/torch_version.h>
 #include <d2l/masking.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/nadaraya_watson.h>

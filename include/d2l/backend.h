@@ -6,14 +6,26 @@ namespace d2l {
 
 /// Which implementation an attention function or module runs.
 enum class Impl {
-  /// The fused kernels where one exists for the inputs' device (CPU), else
-  /// the composite path (CUDA: composite softmax, chunked additive scores).
+  /// The fastest correct path for the inputs (README, "Choosing a path"):
+  /// the fused kernels on the CPU, the composite path elsewhere (CUDA:
+  /// composite softmax, chunked additive scores); for dot-product attention
+  /// that returns no weights, LibTorch's scaled_dot_product_attention on
+  /// CUDA, and on the CPU without autograd for long key sequences (2.1+).
   kAuto,
   /// The book's formulation with ATen ops: the readable oracle.
   kComposite,
   /// The fused CPU kernels; an error for tensors on another device.
   kFused,
+  /// Dot-product attention only: LibTorch's at::scaled_dot_product_attention
+  /// (flash / memory-efficient / cuDNN on CUDA, flash on the CPU), with the
+  /// same masking contract. It returns no attention weights, and its dropout
+  /// draws from SDPA's own random stream. Needs LibTorch 2.1 or newer; other
+  /// builds and other ops throw c10::Error.
+  kSdpa,
 };
+
+/// "auto", "composite", "fused" or "sdpa".
+std::string to_string(Impl impl);
 
 /// Instruction sets the fused CPU kernels are compiled for: generic C++
 /// (what the compiler makes of it for the baseline x86-64), AVX2 + FMA (8

@@ -22,18 +22,21 @@ struct DotProductAttentionOptions {
   /// Fused CPU kernel, the book's composite ops, or the best for the device.
   TORCH_ARG(Impl, impl) = Impl::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
-  /// turn off in inference servers to save the memory and the lock.
+  /// turn off in inference servers to save the memory and the lock. Off,
+  /// Impl::kAuto may run LibTorch's scaled_dot_product_attention (Impl).
   TORCH_ARG(bool, record_attention_weights) = true;
 };
 
 namespace functional {
 /// Scaled dot-product attention, softmax(Q Kᵀ / √d) V with masking by
 /// `valid_lens` ((batch) or (batch, queries)). Returns (output, attention_weights);
-/// the weights are those before dropout, as the book stores them.
+/// the weights are those before dropout, as the book stores them. With
+/// `need_weights` false the weights are undefined, and Impl::kAuto may run
+/// LibTorch's scaled_dot_product_attention (Impl).
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
-    Impl impl = Impl::kAuto);
+    Impl impl = Impl::kAuto, bool need_weights = true);
 }  // namespace functional
 
 /// d2l's `DotProductAttention`: queries (B, n, d), keys (B, m, d), values (B, m, v)

@@ -46,15 +46,37 @@ struct DecoderState {
 /// The book's `Encoder` interface: `forward(X, *args)`. The only extra argument
 /// the book passes is the valid length of each source sequence, (B); encoders
 /// that do not mask (such as `Seq2SeqEncoder`) ignore it.
-class Encoder : public virtual torch::nn::Module {
+///
+/// Unlike the book's `Encoder(nn.Module)`, this is an interface only: an
+/// encoder is a module that also implements it,
+///
+///     struct MyEncoderImpl : torch::nn::Cloneable<MyEncoderImpl>, d2l::Encoder { ... };
+///
+/// Inheriting `torch::nn::Module` here (virtually, so that both bases share
+/// one) stopped compiling with LibTorch 2.2, whose `Cloneable<T>` inherits
+/// `Module` non-virtually; this design builds on 1.13 and 2.x alike.
+class Encoder {
  public:
+  virtual ~Encoder() = default;
   virtual EncoderOutput forward(const torch::Tensor& X, const torch::Tensor& valid_lens = {}) = 0;
+
+  /// The module this encoder is; throws c10::Error if its class does not
+  /// also derive from torch::nn::Module.
+  torch::nn::Module& as_module();
+  const torch::nn::Module& as_module() const;
 };
 
 /// The book's `Decoder` interface: `init_state(enc_outputs, *args)` and
-/// `forward(X, state) -> (output, state)`.
-class Decoder : public virtual torch::nn::Module {
+/// `forward(X, state) -> (output, state)`. Like `Encoder`, an interface that a
+/// module implements: `struct MyDecoderImpl : torch::nn::Cloneable<MyDecoderImpl>, d2l::Decoder`.
+class Decoder {
  public:
+  virtual ~Decoder() = default;
+  /// The module this decoder is; throws c10::Error if its class does not
+  /// also derive from torch::nn::Module.
+  torch::nn::Module& as_module();
+  const torch::nn::Module& as_module() const;
+
   virtual DecoderState init_state(const EncoderOutput& enc_outputs,
                                   const torch::Tensor& enc_valid_lens = {}) = 0;
   virtual std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
@@ -77,6 +99,8 @@ class AttentionDecoder : public Decoder {
 /// `decoder.*`, as in the book's state_dict.
 class EncoderDecoderImpl : public torch::nn::Cloneable<EncoderDecoderImpl> {
  public:
+  /// `encoder` and `decoder` must also be `torch::nn::Module`s (see `Encoder`);
+  /// they are registered as the submodules "encoder" and "decoder".
   EncoderDecoderImpl(std::shared_ptr<Encoder> encoder, std::shared_ptr<Decoder> decoder);
 
   /// Accepts module holders directly: `EncoderDecoder(Seq2SeqEncoder(...), Seq2SeqDecoder(...))`.
@@ -89,7 +113,9 @@ class EncoderDecoderImpl : public torch::nn::Cloneable<EncoderDecoderImpl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// Deep copy. The encoder and decoder are held through their interfaces, so
+  /// Deep copy. (`torch::optional` is `c10::optional` on 1.13 and
+  /// `std::optional` on 2.x: the type of the `Module::clone` it overrides.)
+  /// The encoder and decoder are held through their interfaces, so
   /// `Cloneable`'s copy-then-reset scheme cannot rebuild them; they are cloned
   /// through their own `clone()` instead, as `torch::nn::Sequential` does.
   std::shared_ptr<torch::nn::Module> clone(

@@ -3,6 +3,7 @@
 #include <d2l/attention.h>
 
 #include <iostream>
+#include <string>
 
 int main() {
   const auto keys = torch::ones({2, 10, 2});
@@ -12,6 +13,14 @@ int main() {
   const auto out = attention(torch::normal(0, 1, {2, 1, 2}), keys, values, torch::tensor({2, 6}));
   const auto expected = torch::tensor({{{2.f, 3.f, 4.f, 5.f}}, {{10.f, 11.f, 12.f, 13.f}}});
   const bool ok = torch::allclose(out, expected);
-  std::cout << "d2l_attention " << D2L_ATTENTION_VERSION << (ok ? ": ok" : ": WRONG RESULT") << '\n';
-  return ok ? 0 : 1;
+  // The consumer's LibTorch headers must be those the library was built with.
+  const std::string headers = std::to_string(TORCH_VERSION_MAJOR) + "." +
+                              std::to_string(TORCH_VERSION_MINOR) + "." +
+                              std::to_string(TORCH_VERSION_PATCH);
+  const bool same_torch = headers == d2l::torch_version();
+  std::cout << "d2l_attention " << D2L_ATTENTION_VERSION << " on LibTorch " << d2l::torch_version()
+            << (ok ? ": ok" : ": WRONG RESULT")
+            << (same_torch ? "" : ", but this program was compiled with LibTorch " + headers)
+            << '\n';
+  return ok && same_torch ? 0 : 1;
 }

@@ -15,7 +15,11 @@ endfunction()
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
-run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix;${PREFIX_PATH}")
+# The prefix path is a list; an initial-cache script keeps it one value (on
+# the command line execute_process would split it into arguments).
+file(WRITE "${WORK_DIR}/initial-cache.cmake"
+     "set(CMAKE_PREFIX_PATH [[${WORK_DIR}/prefix;${PREFIX_PATH}]] CACHE STRING \"\")\n")
+run(${CMAKE_COMMAND} -C "${WORK_DIR}/initial-cache.cmake" -S "${SOURCE_DIR}"
+    -B "${WORK_DIR}/build" -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")

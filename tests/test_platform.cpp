@@ -1,0 +1,326 @@
+// What depends on the LibTorch version and the device: the version the build
+// reports, the SDPA path of dot-product attention (LibTorch 2.1+) against the
+// composite oracle, the choice Impl::kAuto makes, the errors where a feature
+// is missing, and the same checks on CUDA where a GPU is present.
+
+#include <d2l/backend.h>
+#include <d2l/dot_product_attention.h>
+#include <d2l/masking.h>
+#include <d2l/additive_attention.h>
+#include <d2l/multi_head_attention.h>
+#include <d2l/torch_version.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "internal.h"
+#include "test_utils.h"
+
+namespace {
+
+using d2l::Impl;
+using d2l::testing::error_message;
+using d2l::testing::max_rel_error;
+using ::testing::HasSubstr;
+
+std::tuple<torch::Tensor, torch::Tensor> dot(const torch::Tensor& q, const torch::Tensor& k,
+                                             const torch::Tensor& v, const torch::Tensor& lens,
+                                             Impl impl, bool need_weights = false) {
+  return d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, impl, need_weights);
+}
+
+TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
+  EXPECT_EQ(d2l::torch_version(), std::to_string(TORCH_VERSION_MAJOR) + "." +
+                                      std::to_string(TORCH_VERSION_MINOR) + "." +
+                                      std::to_string(TORCH_VERSION_PATCH));
+  EXPECT_GE(TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR, 113);
+  EXPECT_EQ(d2l::sdpa_available(), TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 ||
+                                                                TORCH_VERSION_MINOR >= 1));
+  // The macro compares both numbers: 1.13 is older than 2.0.
+  EXPECT_EQ(D2L_TORCH_VERSION_AT_LEAST(2, 0), TORCH_VERSION_MAJOR >= 2);
+  EXPECT_TRUE(D2L_TORCH_VERSION_AT_LEAST(1, 13));
+  EXPECT_FALSE(D2L_TORCH_VERSION_AT_LEAST(99, 0));
+  EXPECT_EQ(d2l::to_string(Impl::kAuto), "auto");
+  EXPECT_EQ(d2l::to_string(Impl::kSdpa), "sdpa");
+}
+
+TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
+  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
+  if (!d2l::sdpa_available()) {
+    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Impl::kSdpa); }),
+                HasSubstr("d2l::dot_product_attention: Impl::kSdpa needs LibTorch 2.1 or newer "
+                          "(at::scaled_dot_product_attention); this build of d2l_attention uses "
+                          "LibTorch " + d2l::torch_version()));
+  } else {
+    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Impl::kSdpa, /*need_weights=*/true); }),
+                HasSubstr("d2l::dot_product_attention: Impl::kSdpa returns no attention weights; "
+                          "call it with need_weights=false"));
+    d2l::DotProductAttention recording(d2l::DotProductAttentionOptions().impl(Impl::kSdpa));
+    EXPECT_THAT(error_message([&] { recording(q, k, v); }),
+                HasSubstr("record_attention_weights(false)"));
+  }
+  // Only dot-product attention has an SDPA path.
+  EXPECT_THAT(error_message([&] {
+                d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, Impl::kSdpa);
+              }),
+              HasSubstr("d2l::masked_softmax: Impl::kSdpa (LibTorch's scaled_dot_product_attention) "
+                        "is only for dot-product attention"));
+  d2l::AdditiveAttention additive(
+      d2l::AdditiveAttentionOptions(4, 4, 8).impl(Impl::kSdpa));
+  EXPECT_THAT(error_message([&] { additive(q, k, v); }), HasSubstr("is only for dot-product"));
+}
+
+// Every dtype SDPA has a CPU kernel for, with its tolerance against the
+// composite path in the same dtype (reduced precision: both round to it).
+struct DtypeCase {
+  torch::ScalarType dtype;
+  double fwd, bwd;
+};
+const std::vector<DtypeCase> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
+                                             {torch::kFloat, 2e-6, 2e-5},
+                                             {torch::kBFloat16, 2e-2, 5e-2},
+                                             {torch::kHalf, 3e-3, 1e-2}};
+
+std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {
+  return {torch::Tensor(),
+          torch::randint(0, m + 3, {B}),                      // 0, below, at and above m
+          torch::randint(0, m + 3, {B, n}),                   // per query
+          torch::randint(0, m + 3, {B}).to(torch::kDouble),   // whole numbers in float
+          torch::zeros({B}, torch::kLong)};                   // no valid key at all
+}
+
+// Forward and backward of the SDPA path against the composite oracle.
+void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor& k0,
+                                   const torch::Tensor& v0, const torch::Tensor& lens,
+                                   const DtypeCase& c, const std::string& what) {
+  auto run = [&](Impl impl) {
+    auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
+         v = v0.detach().clone().requires_grad_();
+    auto out = std::get<0>(dot(q, k, v, lens, impl));
+    const auto G = torch::linspace(-1, 1, out.numel(), torch::kDouble)
+                       .reshape(out.sizes())
+                       .to(out.options());
+    (out * G).sum().backward();
+    return std::vector<torch::Tensor>{out, q.grad(), k.grad(), v.grad()};
+  };
+  const auto sdpa = run(Impl::kSdpa), composite = run(Impl::kComposite);
+  EXPECT_EQ(sdpa[0].scalar_type(), c.dtype) << what;
+  EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.fwd) << what << " output";
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (int i = 1; i < 4; ++i) {
+    ASSERT_TRUE(sdpa[i].defined()) << what << " " << names[i];
+    EXPECT_LT(max_rel_error(sdpa[i], composite[i]), c.bwd) << what << " " << names[i];
+  }
+}
+
+TEST(Platform, SdpaMatchesTheCompositePathForwardAndBackward) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  torch::manual_seed(11);
+  for (const auto& c : kSdpaDtypes) {
+    // Odd sizes, a value width unlike the key width, a single key and query.
+    for (auto [B, n, m, d, dv] : std::vector<std::array<int64_t, 5>>{
+             {3, 5, 7, 4, 3}, {2, 1, 1, 8, 2}, {2, 17, 33, 16, 5}, {1, 64, 129, 64, 64}}) {
+      const auto opts = torch::TensorOptions().dtype(c.dtype);
+      const auto q = torch::randn({B, n, d}, opts), k = torch::randn({B, m, d}, opts),
+                 v = torch::randn({B, m, dv}, opts);
+      for (const auto& lens : length_cases(B, n, m)) {
+        expect_sdpa_matches_composite(
+            q, k, v, lens, c,
+            std::string(c10::toString(c.dtype)) + " B" + std::to_string(B) + " n" +
+                std::to_string(n) + " m" + std::to_string(m) + " lens " +
+                (lens.defined() ? std::to_string(lens.dim()) + "-D" : std::string("none")));
+      }
+    }
+  }
+}
+
+TEST(Platform, SdpaHandlesNonContiguousInputs) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  torch::manual_seed(12);
+  const auto q = torch::randn({5, 3, 4}, torch::kDouble).transpose(0, 1);    // (3, 5, 4)
+  const auto k = torch::randn({4, 6, 3}, torch::kDouble).permute({2, 1, 0});  // (3, 6, 4)
+  const auto v = torch::randn({1, 6, 2}, torch::kDouble).expand({3, 6, 2});
+  expect_sdpa_matches_composite(q, k, v, torch::tensor({2, 0, 9}), kSdpaDtypes[0],
+                                "non-contiguous");
+}
+
+TEST(Platform, SdpaKeepsNonFinitePaddingKeysOut) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {inf, -inf, std::nan("")}) {
+    auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 6, 4}), v = torch::randn({2, 6, 2});
+    // Keys at and past the longest length of each example are padding.
+    k.index_put_({0, 4}, bad);
+    k.index_put_({1, 2}, bad);
+    for (const auto& lens : {torch::tensor({4, 2}), torch::tensor({{4, 1, 0}, {2, 2, 1}})}) {
+      const auto inputs = std::vector<torch::Tensor>{q.clone(), k.clone(), v.clone()};
+      const auto sdpa = std::get<0>(dot(q, k, v, lens, Impl::kSdpa));
+      const auto composite = std::get<0>(dot(q, k, v, lens, Impl::kComposite));
+      EXPECT_TRUE(torch::isfinite(sdpa).all().item<bool>()) << bad;
+      EXPECT_LT(max_rel_error(sdpa, composite), 2e-6) << bad;
+      // Inputs are never modified.
+      EXPECT_TRUE(torch::equal(k.isnan(), inputs[1].isnan()));
+      EXPECT_TRUE(torch::equal(k.nan_to_num(), inputs[1].nan_to_num()));
+    }
+  }
+}
+
+TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  for (auto [B, n, m] : std::vector<std::array<int64_t, 3>>{{0, 3, 4}, {2, 0, 4}, {2, 3, 0}}) {
+    const auto q = torch::randn({B, n, 4}).requires_grad_(), k = torch::randn({B, m, 4});
+    const auto v = torch::randn({B, m, 2});
+    const auto out = std::get<0>(dot(q, k, v, {}, Impl::kSdpa));
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{B, n, 2}));
+    EXPECT_TRUE(out.requires_grad());
+    EXPECT_EQ(out.abs().sum().item<float>(), 0);
+    out.sum().backward();
+    EXPECT_TRUE(q.grad().defined());
+  }
+}
+
+TEST(Platform, AutoChoosesSdpaOnlyWhereItIsTheBetterCorrectPath) {
+  auto choose = [](Impl impl, const torch::Tensor& q, const torch::Tensor& k, double dropout,
+                   bool training, bool need_weights) {
+    return d2l::detail::choose_dot_product_impl("test", impl, q, k, k, dropout, training,
+                                                need_weights);
+  };
+  const int64_t long_m = d2l::detail::kSdpaMinKeysCpu;
+  const auto q = torch::randn({1, 2, 4}), k_long = torch::randn({1, long_m, 4});
+  const auto k_short = torch::randn({1, long_m - 1, 4});
+  const Impl sdpa_if_available = d2l::sdpa_available() ? Impl::kSdpa : Impl::kFused;
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+    EXPECT_EQ(choose(Impl::kAuto, q, k_short, 0, false, false), Impl::kFused);
+    // Weights asked for, or dropout in training: our own paths.
+    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, true), Impl::kFused);
+    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0.1, true, false), Impl::kFused);
+    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0.1, false, false), sdpa_if_available);
+    EXPECT_EQ(choose(Impl::kComposite, q, k_long, 0, false, false), Impl::kComposite);
+    EXPECT_EQ(choose(Impl::kFused, q, k_long, 0, false, false), Impl::kFused);
+  }
+  {
+    torch::InferenceMode inference;
+    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+  }
+  // A graph being recorded on the CPU keeps the fused path (double backward).
+  const auto q_grad = q.clone().requires_grad_();
+  EXPECT_EQ(choose(Impl::kAuto, q_grad, k_long, 0, false, false), Impl::kFused);
+  EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+  if (d2l::sdpa_available()) {
+    EXPECT_EQ(choose(Impl::kSdpa, q_grad, k_short, 0, true, false), Impl::kSdpa);
+    EXPECT_EQ(choose(Impl::kSdpa, torch::randn({0, 2, 4}), k_short, 0, false, false),
+              Impl::kComposite);
+  }
+}
+
+TEST(Platform, ModulesWithoutWeightsRunSdpaWithTheSameNumbers) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  torch::manual_seed(13);
+  const auto q = torch::randn({2, 3, 8}), k = torch::randn({2, 5, 8}), v = torch::randn({2, 5, 8});
+  const auto lens = torch::tensor({3, 0});
+  d2l::DotProductAttention sdpa(
+      d2l::DotProductAttentionOptions().impl(Impl::kSdpa).record_attention_weights(false));
+  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+  EXPECT_LT(max_rel_error(sdpa(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
+  EXPECT_FALSE(sdpa->attention_weights.defined());
+
+  auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
+  d2l::MultiHeadAttention mha_sdpa(
+      d2l::MultiHeadAttentionOptions(options).impl(Impl::kSdpa).record_attention_weights(false));
+  d2l::MultiHeadAttention mha_composite(d2l::MultiHeadAttentionOptions(options).impl(Impl::kComposite));
+  torch::NoGradGuard no_grad;
+  for (auto& p : mha_sdpa->named_parameters()) p.value().copy_(mha_composite->named_parameters()[p.key()]);
+  EXPECT_LT(max_rel_error(mha_sdpa(q, k, v, lens), mha_composite(q, k, v, lens)), 2e-6);
+}
+
+TEST(Platform, SdpaDropoutOnlyInTraining) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
+  d2l::DotProductAttention attention(
+      d2l::DotProductAttentionOptions().dropout(1.0).impl(Impl::kSdpa).record_attention_weights(false));
+  attention->train();
+  EXPECT_EQ(attention(q, k, v).abs().sum().item<float>(), 0);
+  attention->eval();
+  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+  EXPECT_LT(max_rel_error(attention(q, k, v), composite(q, k, v)), 2e-6);
+}
+
+// CUDA: every path against the CPU composite oracle, forward and backward,
+// and the device errors. Skips without a GPU.
+TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(14);
+  std::vector<Impl> impls = {Impl::kAuto, Impl::kComposite};
+  if (d2l::sdpa_available()) impls.push_back(Impl::kSdpa);
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16}) {
+    const double fwd_tol = dtype == torch::kFloat ? 1e-4 : dtype == torch::kDouble ? 1e-10 : 3e-2;
+    const auto q = torch::randn({3, 9, 64}), k = torch::randn({3, 33, 64}),
+               v = torch::randn({3, 33, 64});
+    for (const auto& lens : length_cases(3, 9, 33)) {
+      auto ref_q = q.to(torch::kDouble).requires_grad_(), ref_k = k.to(torch::kDouble).requires_grad_(),
+           ref_v = v.to(torch::kDouble).requires_grad_();
+      const auto ref = std::get<0>(dot(ref_q, ref_k, ref_v, lens, Impl::kComposite));
+      ref.sum().backward();
+      for (Impl impl : impls) {
+        auto cq = q.to(torch::kCUDA, dtype).requires_grad_(),
+             ck = k.to(torch::kCUDA, dtype).requires_grad_(),
+             cv = v.to(torch::kCUDA, dtype).requires_grad_();
+        const auto out = std::get<0>(dot(cq, ck, cv, lens.defined() ? lens.cuda() : lens, impl,
+                                         /*need_weights=*/impl != Impl::kSdpa));
+        ASSERT_TRUE(out.is_cuda());
+        EXPECT_LT(max_rel_error(out, ref), fwd_tol) << d2l::to_string(impl) << " " << dtype;
+        out.sum().backward();
+        EXPECT_LT(max_rel_error(cq.grad(), ref_q.grad()), 10 * fwd_tol) << d2l::to_string(impl);
+        EXPECT_LT(max_rel_error(ck.grad(), ref_k.grad()), 10 * fwd_tol) << d2l::to_string(impl);
+        EXPECT_LT(max_rel_error(cv.grad(), ref_v.grad()), 10 * fwd_tol) << d2l::to_string(impl);
+      }
+    }
+  }
+}
+
+TEST(PlatformCuda, MixedDevicesAreClearErrors) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto q = torch::randn({2, 3, 4}).cuda(), k = torch::randn({2, 5, 4}).cuda(),
+             v = torch::randn({2, 5, 2}).cuda();
+  for (Impl impl : {Impl::kAuto, Impl::kComposite, Impl::kSdpa}) {
+    if (impl == Impl::kSdpa && !d2l::sdpa_available()) continue;
+    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), impl); }),
+                HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
+                          "queries (cuda:0), got cpu"));
+    EXPECT_THAT(error_message([&] { dot(q, k.cpu(), v, {}, impl); }),
+                HasSubstr("keys must be on the same device as queries (cuda:0), got cpu"));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// create_graph=true through SDPA: second derivatives equal the composite
+// path's (LibTorch 2.11 differentiates SDPA's CPU backward).
+TEST(Platform, SdpaDoubleBackwardMatchesComposite) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  torch::manual_seed(15);
+  for (auto dtype : {torch::kDouble, torch::kFloat}) {
+    const auto q0 = torch::randn({2, 3, 4}, dtype), k0 = torch::randn({2, 5, 4}, dtype),
+               v0 = torch::randn({2, 5, 2}, dtype);
+    auto second = [&](Impl impl) {
+      auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+           v = v0.clone().requires_grad_();
+      const auto out = std::get<0>(dot(q, k, v, torch::tensor({2, 0}), impl));
+      const auto g = torch::autograd::grad({out.pow(2).sum()}, {q, k, v}, {}, true, true);
+      (g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()).backward();
+      return std::vector<torch::Tensor>{q.grad(), k.grad(), v.grad()};
+    };
+    const auto sdpa = second(Impl::kSdpa), composite = second(Impl::kComposite);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(max_rel_error(sdpa[i], composite[i]), dtype == torch::kDouble ? 1e-10 : 1e-4)
+          << c10::toString(dtype) << " input " << i;
+    }
+  }
+}
+
+}  // namespace
