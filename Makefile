@@ -28,7 +28,7 @@ FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 
 .PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
-        seq2seq test test-release test-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa fixtures clean
+        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
@@ -118,6 +118,13 @@ test-release: build
 
 test-torch2: build-torch2
 	cd $(BUILD2_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
+
+# The suite under ASan + UBSan against the wheel's LibTorch (clang 14).
+test-asan-torch2: deps-sanitizers deps-torch2
+	cmake --preset asan-ubsan-torch2 \
+	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+	cmake --build --preset asan-ubsan-torch2 -j $(JOBS)
+	ctest --preset asan-ubsan-torch2 -j $(JOBS) -O build-asan-torch2/ctest.log
 
 test-asan: deps-sanitizers
 	cmake --preset asan-ubsan

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -53,14 +54,14 @@ Impl choose_dot_product_impl(const char* fn, Impl impl, const torch::Tensor& que
   if (impl != Impl::kAuto || !D2L_HAS_SDPA || need_weights) {
     return fused ? Impl::kFused : Impl::kComposite;
   }
-  // Dropout keeps its semantics (and random stream) on our own paths.
+  // Dropout keeps its semantics (and random stream) on our own paths. While
+  // a graph is recorded on the CPU, SDPA is taken only where its double
+  // backward is tested (2.11); elsewhere the fused softmax keeps it.
   const bool sdpa =
       !(training && dropout > 0) && sdpa_eligible(queries, keys, values) &&
       (queries.is_cuda() ||
-       // On the CPU our fused softmax keeps double backward, which SDPA's CPU
-       // kernel lacks, so training stays on it.
-       (queries.device().is_cpu() && !records_graph(queries, keys, values) &&
-        keys.size(1) >= kSdpaMinKeysCpu));
+       (queries.device().is_cpu() && keys.size(1) >= kSdpaMinKeysCpu &&
+        (D2L_TORCH_VERSION_AT_LEAST(2, 11) || !records_graph(queries, keys, values))));
   return sdpa ? Impl::kSdpa : fused ? Impl::kFused : Impl::kComposite;
 }
 
@@ -68,9 +69,19 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
                              const torch::Tensor& values, const torch::Tensor& valid_lens,
                              double dropout) {
 #if D2L_HAS_SDPA
-  const int64_t batch = queries.size(0), m = keys.size(1);
-  torch::Tensor attend, no_valid_key, visible_keys = keys;
+  const int64_t batch = queries.size(0);
+  int64_t m = keys.size(1);
+  torch::Tensor attend, no_valid_key, visible_keys = keys, visible_values = values;
   if (valid_lens.defined()) {
+    // Keys past the longest length of the batch are seen by no query: drop
+    // them (a view). On the CPU the maximum costs nothing to read; on CUDA
+    // it would synchronise, so there every key goes in.
+    if (valid_lens.device().is_cpu()) {
+      const auto longest = valid_lens.max().item<double>();
+      m = std::max<int64_t>(1, std::min<int64_t>(m, static_cast<int64_t>(longest)));
+      visible_keys = keys.narrow(1, 0, m);
+      visible_values = values.narrow(1, 0, m);
+    }
     // Lengths as (B, 1) or (B, n); the mask broadcasts over queries for the
     // former, so it stays (B, 1, 1, m).
     const auto lens = valid_lens.dim() == 1 ? valid_lens.view({batch, 1}) : valid_lens;
@@ -84,13 +95,13 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
     // boolean mask as an additive -inf, which would turn an inf or NaN score
     // of a padding key into NaN where the composite path masks it out.
     const auto max_len = std::get<0>(lens.max(1, /*keepdim=*/true));
-    visible_keys = keys.masked_fill((positions >= max_len).unsqueeze(-1), 0);
+    visible_keys = visible_keys.masked_fill((positions >= max_len).unsqueeze(-1), 0);
     attend = attend.unsqueeze(1);
   }
   // An undefined tensor is not "no mask" to SDPA: it must be nullopt.
   const auto mask = attend.defined() ? std::optional<torch::Tensor>(attend) : std::nullopt;
   auto out = at::scaled_dot_product_attention(queries.unsqueeze(1), visible_keys.unsqueeze(1),
-                                              values.unsqueeze(1), mask, dropout,
+                                              visible_values.unsqueeze(1), mask, dropout,
                                               /*is_causal=*/false)
                  .squeeze(1);
   return no_valid_key.defined() ? out.masked_fill(no_valid_key, 0) : out;

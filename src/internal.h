@@ -75,7 +75,7 @@ Impl choose_dot_product_impl(const char* fn, Impl impl, const torch::Tensor& que
                              double dropout, bool training, bool need_weights);
 
 /// Keys (from this many on) at which Impl::kAuto runs LibTorch's SDPA on the
-/// CPU for inference without weights.
+/// CPU for attention without weights (README, "Choosing a path").
 constexpr int64_t kSdpaMinKeysCpu = 1024;
 
 }  // namespace d2l::detail
