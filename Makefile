@@ -28,7 +28,7 @@ FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 
 .PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
-        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa fixtures clean
+        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa device-sources fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
@@ -195,6 +195,12 @@ bench-sdpa: build-torch2
 	done; done
 	python3 benchmarks/sdpa_table.py $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
 	  | tee $(BUILD2_DIR)/bench-sdpa-report.md
+
+# GoogleTest's sources for a lent GPU machine, which has no Debian packages:
+# the device call carries .device/ and runs .ci/gpu-run (README, "LibTorch
+# versions and CUDA").
+device-sources: deps
+	rm -rf .device && mkdir -p .device && cp -r /usr/src/googletest .device/googletest
 
 # Regenerates the golden fixtures from the Python reference code.
 fixtures: deps-python

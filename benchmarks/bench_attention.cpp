@@ -19,14 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cpu/kernels.h"
 
 namespace {
 
-struct Shape {
-  std::string name;
-  int64_t B, n, m, d, h;
-};
+using d2l::bench::peak_rss_delta;
+using d2l::bench::Shape;
 
 const std::vector<Shape> kShapes = {{"toy", 2, 1, 10, 2, 8},
                                     {"d2l", 64, 10, 10, 32, 32},
@@ -48,26 +47,6 @@ Inputs make_inputs(const Shape& s) {
           torch::randn({s.B, s.m, s.d}),
           torch::randn({s.B, s.n, s.m}),
           torch::randn({s.B, s.n, s.d})};
-}
-
-// ---------------------------------------------------------------- peak memory
-
-int64_t status_bytes(const char* field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field))) * 1024;
-  }
-  return -1;
-}
-
-// Growth of the resident-set high-water mark over one call of `fn`; the mark
-// is reset first (clear_refs 5), since ru_maxrss only ever grows.
-double peak_rss_delta(const std::function<void()>& fn) {
-  std::ofstream("/proc/self/clear_refs") << "5";
-  const int64_t before = status_bytes("VmRSS:");
-  fn();
-  return static_cast<double>(status_bytes("VmHWM:") - before);
 }
 
 // ---------------------------------------------------------------- cases

@@ -18,10 +18,8 @@ torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool train
   return training && p > 0 ? torch::dropout(weights, p, training) : weights;
 }
 
-// Impl::kAuto hands dot-product attention that returns no weights to
-// LibTorch's SDPA on the CPU from kSdpaMinKeysCpu keys on: its flash kernel
-// never builds the (B, n, m) scores, and it outruns bmm + fused softmax + bmm
-// once the key rows no longer fit in cache (README, "Choosing a path").
+namespace {
+
 bool sdpa_eligible(const torch::Tensor& queries, const torch::Tensor& keys,
                    const torch::Tensor& values) {
   return queries.numel() > 0 && keys.numel() > 0 && values.numel() > 0;
@@ -33,6 +31,13 @@ bool records_graph(const torch::Tensor& queries, const torch::Tensor& keys,
          (queries.requires_grad() || keys.requires_grad() || values.requires_grad());
 }
 
+}  // namespace
+
+// Impl::kAuto hands dot-product attention that returns no weights to
+// LibTorch's SDPA on CUDA, and on the CPU from kSdpaMinKeysCpu keys on: its
+// flash kernel never builds the (B, n, m) scores, and it outruns bmm + fused
+// softmax + bmm once the key rows no longer fit in cache (README, "Choosing a
+// path", and `make bench-sdpa`).
 Impl choose_dot_product_impl(const char* fn, Impl impl, const torch::Tensor& queries,
                              const torch::Tensor& keys, const torch::Tensor& values,
                              double dropout, bool training, bool need_weights) {

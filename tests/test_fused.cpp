@@ -49,10 +49,7 @@ class Fused : public ::testing::TestWithParam<d2l::CpuIsa> {
   d2l::CpuIsa saved_ = d2l::CpuIsa::kDefault;
 };
 
-struct DtypeTolerance {
-  torch::Dtype dtype;
-  double forward, backward;
-};
+using d2l::testing::DtypeTolerance;
 
 const std::vector<DtypeTolerance> kDtypes = {{torch::kDouble, 1e-12, 1e-11},
                                              {torch::kFloat, 2e-6, 1e-5},

@@ -73,11 +73,8 @@ TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
 
 // Every dtype SDPA has a CPU kernel for, with its tolerance against the
 // composite path in the same dtype (reduced precision: both round to it).
-struct DtypeCase {
-  torch::ScalarType dtype;
-  double fwd, bwd;
-};
-const std::vector<DtypeCase> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
+using d2l::testing::DtypeTolerance;
+const std::vector<DtypeTolerance> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
                                              {torch::kFloat, 2e-6, 2e-5},
                                              {torch::kBFloat16, 2e-2, 5e-2},
                                              {torch::kHalf, 3e-3, 1e-2}};
@@ -93,7 +90,7 @@ std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {
 // Forward and backward of the SDPA path against the composite oracle.
 void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor& k0,
                                    const torch::Tensor& v0, const torch::Tensor& lens,
-                                   const DtypeCase& c, const std::string& what) {
+                                   const DtypeTolerance& c, const std::string& what) {
   auto run = [&](Impl impl) {
     auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
          v = v0.detach().clone().requires_grad_();
@@ -106,11 +103,11 @@ void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor&
   };
   const auto sdpa = run(Impl::kSdpa), composite = run(Impl::kComposite);
   EXPECT_EQ(sdpa[0].scalar_type(), c.dtype) << what;
-  EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.fwd) << what << " output";
+  EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.forward) << what << " output";
   const char* names[] = {"output", "dq", "dk", "dv"};
   for (int i = 1; i < 4; ++i) {
     ASSERT_TRUE(sdpa[i].defined()) << what << " " << names[i];
-    EXPECT_LT(max_rel_error(sdpa[i], composite[i]), c.bwd) << what << " " << names[i];
+    EXPECT_LT(max_rel_error(sdpa[i], composite[i]), c.backward) << what << " " << names[i];
   }
 }
 

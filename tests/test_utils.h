@@ -14,6 +14,13 @@
 
 namespace d2l::testing {
 
+/// A dtype and the tolerances of a fast path against the composite oracle in
+/// that dtype (forward values, input gradients).
+struct DtypeTolerance {
+  torch::Dtype dtype;
+  double forward, backward;
+};
+
 /// Runs `fn`, which must throw c10::Error; returns the message without backtrace.
 template <typename Fn>
 std::string error_message(Fn&& fn) {
