@@ -101,17 +101,21 @@ seq2seq: build
 #            on Debian's LibTorch 1.13;
 #   torch2:  the same, on the LibTorch of PyPI's torch $(TORCH2_VERSION) (CUDA build;
 #            CUDA tests skip without a GPU);
-#   asan:    the suite under AddressSanitizer + UndefinedBehaviorSanitizer (1.13);
+#   asan-torch2: the suite under AddressSanitizer + UndefinedBehaviorSanitizer (2.11);
+#   asan:    the same on 1.13;
 #   tsan:    the concurrency tests under ThreadSanitizer (1.13);
 #   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus (1.13).
-CTEST_LOGS := $(BUILD_DIR)/ctest.log $(BUILD2_DIR)/ctest.log build-asan/ctest.log \
-              build-tsan/ctest.log build-fuzz/ctest.log
-test: test-release test-torch2 test-asan test-tsan test-fuzz
+CTEST_LOGS := $(BUILD_DIR)/ctest.log $(BUILD2_DIR)/ctest.log build-asan-torch2/ctest.log \
+              build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
+test: test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz
 	@for log in $(CTEST_LOGS); do \
-	  sed -n "s|.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*|$$log: \2 tests, \1 failed|p" $$log; \
+	  sed -n "s|.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*|$$log: \2 tests, \1 failed, $$(grep -c '(Skipped)' $$log) skipped|p" $$log; \
 	done
-	@cat $(CTEST_LOGS) | sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' \
-	  | awk '{ failed += $$1; total += $$2 } END { printf "total: %d passed, %d failed\n", total - failed, failed }'
+	@for log in $(CTEST_LOGS); do \
+	  sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' $$log | tr '\n' ' '; \
+	  grep -c '(Skipped)' $$log; \
+	done | awk '{ failed += $$1; total += $$2; skipped += $$3 } \
+	  END { printf "total: %d passed, %d failed, %d skipped\n", total - failed - skipped, failed, skipped }'
 
 test-release: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
@@ -208,4 +212,4 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 
 clean:
-	rm -rf $(BUILD_DIR) $(BUILD2_DIR) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD_DIR) $(BUILD2_DIR) build-asan-torch2 build-asan build-tsan build-fuzz

@@ -248,6 +248,31 @@ TEST(Platform, SdpaDropoutOnlyInTraining) {
   EXPECT_LT(max_rel_error(attention(q, k, v), composite(q, k, v)), 2e-6);
 }
 
+// Mixing devices is refused before any path is chosen, on every LibTorch:
+// shown here with the meta device, which every build has, so that it runs
+// without a GPU (PlatformCuda below repeats it on CUDA).
+TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  const auto q = torch::empty({2, 3, 4}, meta), k = torch::empty({2, 5, 4}, meta),
+             v = torch::empty({2, 5, 2}, meta);
+  std::vector<Impl> impls = {Impl::kAuto, Impl::kComposite};
+  if (d2l::sdpa_available()) impls.push_back(Impl::kSdpa);
+  for (Impl impl : impls) {
+    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), impl); }),
+                HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
+                          "queries (meta), got cpu"))
+        << d2l::to_string(impl);
+    EXPECT_THAT(error_message([&] { dot(q, torch::randn({2, 5, 4}), v, {}, impl); }),
+                HasSubstr("d2l::dot_product_attention: keys must be on the same device as "
+                          "queries (meta), got cpu"))
+        << d2l::to_string(impl);
+  }
+  d2l::DotProductAttention module(
+      d2l::DotProductAttentionOptions().record_attention_weights(false));
+  EXPECT_THAT(error_message([&] { module(torch::randn({2, 3, 4}), k, v); }),
+              HasSubstr("keys must be on the same device as queries (cpu), got meta"));
+}
+
 // CUDA: every path against the CPU composite oracle, forward and backward,
 // and the device errors. Skips without a GPU.
 TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
