@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "cpu/kernels.h"
+#include "cpu/additive_attention_kernel.h"
 
 namespace {
 
@@ -73,22 +73,24 @@ Body forward_backward(std::vector<torch::Tensor> leaves, torch::Tensor upstream,
   };
 }
 
-d2l::AdditiveAttention additive_module(const Shape& s, d2l::Impl impl) {
+d2l::AdditiveAttention additive_module(const Shape& s, d2l::Path path) {
   torch::manual_seed(1);
-  d2l::AdditiveAttention a(d2l::AdditiveAttentionOptions(s.d, s.d, s.h).impl(impl));
+  d2l::AdditiveAttention a(d2l::AdditiveAttentionOptions(s.d, s.d, s.h).path(path));
   a->eval();
   return a;
 }
 
-d2l::DotProductAttention dot_module(d2l::Impl impl) {
-  d2l::DotProductAttention a(d2l::DotProductAttentionOptions().impl(impl));
+d2l::DotProductAttention dot_module(d2l::Path path) {
+  d2l::DotProductAttention a(d2l::DotProductAttentionOptions().path(path));
   a->eval();
   return a;
 }
 
-std::map<std::string, CaseFactory> cases_for(d2l::Impl impl) {
-  const bool fused = impl != d2l::Impl::kComposite;
-  auto softmax = fused ? &d2l::masked_softmax : &d2l::composite::masked_softmax;
+std::map<std::string, CaseFactory> cases_for(d2l::Path path) {
+  const bool fused = path != d2l::Path::kComposite;
+  auto softmax = [path](const torch::Tensor& X, const torch::Tensor& lens) {
+    return d2l::masked_softmax(X, lens, path);
+  };
   std::map<std::string, CaseFactory> c;
   c["masked_softmax_fwd"] = [=](const Shape&, const Inputs& in) {
     return forward_only([=] { return softmax(in.scores, in.lens); });
@@ -98,20 +100,20 @@ std::map<std::string, CaseFactory> cases_for(d2l::Impl impl) {
                             [=](const auto& x) { return softmax(x[0], in.lens); });
   };
   c["dot_fwd"] = [=](const Shape&, const Inputs& in) {
-    auto a = dot_module(impl);
+    auto a = dot_module(path);
     return forward_only([=]() mutable { return a(in.queries, in.keys, in.values, in.lens); });
   };
   c["dot_fwdbwd"] = [=](const Shape&, const Inputs& in) {
-    auto a = dot_module(impl);
+    auto a = dot_module(path);
     return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
                             [=](const auto& x) mutable { return a(x[0], x[1], x[2], in.lens); });
   };
   c["additive_fwd"] = [=](const Shape& s, const Inputs& in) {
-    auto a = additive_module(s, impl);
+    auto a = additive_module(s, path);
     return forward_only([=]() mutable { return a(in.queries, in.keys, in.values, in.lens); });
   };
   c["additive_fwdbwd"] = [=](const Shape& s, const Inputs& in) {
-    auto a = additive_module(s, impl);
+    auto a = additive_module(s, path);
     return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
                             [=](const auto& x) mutable { return a(x[0], x[1], x[2], in.lens); },
                             a->parameters());
@@ -156,7 +158,7 @@ std::map<std::string, CaseFactory> floor_cases() {
   // the floor is arithmetic rather than memory streaming.
   c["tanh_floor"] = [](const Shape& s, const Inputs&) {
     return tanh_blocks(s, [](torch::Tensor& y, const torch::Tensor& x) {
-      d2l::cpu::kernels<float>().tanh(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+      d2l::cpu::additive_attention_kernels().tanh(x, y);
     });
   };
   c["aten_tanh"] = [](const Shape& s, const Inputs&) {
@@ -178,23 +180,23 @@ const std::vector<Shape> kSdpaShapes = {{"sdpa128", 32, 128, 128, 64, 0},
                                         {"sdpa4096", 2, 4096, 4096, 64, 0}};
 
 torch::Tensor dot_without_weights(const Inputs& in, const std::vector<torch::Tensor>& qkv,
-                                  d2l::Impl impl) {
+                                  d2l::Path path) {
   return std::get<0>(d2l::functional::dot_product_attention(qkv[0], qkv[1], qkv[2], in.lens, 0.0,
-                                                            false, impl, /*need_weights=*/false));
+                                                            false, path, /*need_weights=*/false));
 }
 
 std::map<std::string, CaseFactory> sdpa_cases() {
   std::map<std::string, CaseFactory> c;
-  for (auto [name, impl] : std::vector<std::pair<std::string, d2l::Impl>>{
-           {"dot_fused_noweights", d2l::Impl::kFused}, {"dot_auto_noweights", d2l::Impl::kAuto}}) {
-    c[name + "_fwd"] = [impl = impl](const Shape&, const Inputs& in) {
+  for (auto [name, path] : std::vector<std::pair<std::string, d2l::Path>>{
+           {"dot_fused_noweights", d2l::Path::kFused}, {"dot_auto_noweights", d2l::Path::kAuto}}) {
+    c[name + "_fwd"] = [path = path](const Shape&, const Inputs& in) {
       return forward_only([=] {
-        return dot_without_weights(in, {in.queries, in.keys, in.values}, impl);
+        return dot_without_weights(in, {in.queries, in.keys, in.values}, path);
       });
     };
-    c[name + "_fwdbwd"] = [impl = impl](const Shape&, const Inputs& in) {
+    c[name + "_fwdbwd"] = [path = path](const Shape&, const Inputs& in) {
       return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
-                              [=](const auto& x) { return dot_without_weights(in, x, impl); });
+                              [=](const auto& x) { return dot_without_weights(in, x, path); });
     };
   }
 #if D2L_HAS_SDPA
@@ -278,13 +280,13 @@ int main(int argc, char** argv) {
     }
     for (int threads : config.threads) {
       const auto suffix = fmt::format("/{}/threads:{}", shape.name, threads);
-      for (const auto& [name, factory] : cases_for(d2l::Impl::kAuto)) {
+      for (const auto& [name, factory] : cases_for(d2l::Path::kAuto)) {
         register_case(name + suffix, shape, threads, factory, config.memory);
       }
       for (const auto& [name, factory] : floor_cases()) {
         register_case(name + suffix, shape, threads, factory, config.memory);
       }
-      for (const auto& [name, factory] : cases_for(d2l::Impl::kComposite)) {
+      for (const auto& [name, factory] : cases_for(d2l::Path::kComposite)) {
         // The book's additive path at the big shape takes seconds and gigabytes.
         const bool slow = shape.name == "big" && name.rfind("additive", 0) == 0;
         if (slow && !config.composite_big) continue;

@@ -131,13 +131,13 @@ int main(int argc, char** argv) {
     const auto lens = torch::randint(1, shape.m + 1, {shape.B}, opts.dtype(torch::kLong));
 
     std::vector<std::pair<std::string, Forward>> cases;
-    for (auto [name, impl, weights] : std::vector<std::tuple<std::string, d2l::Impl, bool>>{
-             {"dot, weights (kAuto)", d2l::Impl::kAuto, true},
-             {"dot, no weights (kAuto)", d2l::Impl::kAuto, false},
-             {"dot (kComposite)", d2l::Impl::kComposite, true}}) {
-      cases.emplace_back(name, [=, impl = impl, weights = weights](const auto& a, const auto& b,
+    for (auto [name, path, weights] : std::vector<std::tuple<std::string, d2l::Path, bool>>{
+             {"dot, weights (kAuto)", d2l::Path::kAuto, true},
+             {"dot, no weights (kAuto)", d2l::Path::kAuto, false},
+             {"dot (kComposite)", d2l::Path::kComposite, true}}) {
+      cases.emplace_back(name, [=, path = path, weights = weights](const auto& a, const auto& b,
                                                                    const auto& c) {
-        return std::get<0>(d2l::functional::dot_product_attention(a, b, c, lens, 0.0, false, impl,
+        return std::get<0>(d2l::functional::dot_product_attention(a, b, c, lens, 0.0, false, path,
                                                                   weights));
       });
     }

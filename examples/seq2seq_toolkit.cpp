@@ -1,6 +1,6 @@
 #include "seq2seq_toolkit.h"
 
-#include <d2l/masking.h>
+#include <d2l/sequence_mask.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,18 +1,135 @@
+// Additive attention: argument checks, the book's composite formulation (the
+// oracle), the choice of path, the functional forms and the module.
+
 #include <d2l/additive_attention.h>
 
 #include <torch/nn/functional/linear.h>
 
 #include <fmt/format.h>
 
+#include "additive_attention.h"
+#include "attention_weights.h"
 #include "checks.h"
-#include "internal.h"
+#include "cpu/kernel_args.h"
+#include "masked_softmax.h"
+#include "path.h"
 
 namespace d2l {
+namespace detail {
+namespace {
+
+// The book's formulation: (B, n, 1, h) + (B, 1, m, h), tanh, then w_v.
+torch::Tensor composite_scores(const torch::Tensor& projected_queries,
+                               const torch::Tensor& projected_keys, const torch::Tensor& w_v) {
+  const auto features = torch::tanh(projected_queries.unsqueeze(2) + projected_keys.unsqueeze(1));
+  return torch::nn::functional::linear(features, w_v).squeeze(-1);
+}
+
+// The fused CPU kernel: scores, or with `softmax` their masked softmax.
+torch::Tensor fused_additive(const torch::Tensor& projected_queries,
+                             const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                             const torch::Tensor& valid_lens, bool softmax) {
+  TORCH_INTERNAL_ASSERT(projected_queries.device().is_cpu(), "the fused additive kernel got ",
+                        projected_queries.device());
+  return additive_autograd(projected_queries, projected_keys, w_v.reshape({-1}),
+                           lengths_arg(valid_lens), softmax);
+}
+
+// W (rows, cols) of a bias-free Linear layer, on the device and in the dtype
+// of `ref`.
+void check_linear_weight(const char* fn, const char* name, const torch::Tensor& W, int64_t rows,
+                         int64_t cols, const char* ref_name, const torch::Tensor& ref) {
+  check_floating(fn, name, W, 2);
+  TORCH_CHECK(W.size(0) == rows && W.size(1) == cols,
+              fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, rows, cols,
+                          shape_of(W)));
+  check_same_device(fn, ref_name, ref, name, W);
+  check_same_dtype(fn, ref_name, ref, name, W);
+}
+
+}  // namespace
+
+torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v, Path path) {
+  if (use_fused("d2l::additive_scores", path, projected_queries.device())) {
+    return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
+  }
+  if (path == Path::kComposite) return composite_scores(projected_queries, projected_keys, w_v);
+  return chunked_additive_scores(projected_queries, projected_keys, w_v);
+}
+
+torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
+                                       const torch::Tensor& projected_keys,
+                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+                                       Path path) {
+  if (use_fused("d2l::AdditiveAttention", path, projected_queries.device())) {
+    return fused_additive(projected_queries, projected_keys, w_v, valid_lens, /*softmax=*/true);
+  }
+  const auto scores = additive_scores_nocheck(projected_queries, projected_keys, w_v, path);
+  return composite_masked_softmax(scores, valid_lens);
+}
+
+std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
+    const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
+    const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+    double dropout, bool training, Path path) {
+  auto weights = additive_weights_nocheck(projected_queries, projected_keys, w_v, valid_lens, path);
+  auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
+  return {std::move(output), std::move(weights)};
+}
+
+torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v, int64_t chunk_bytes) {
+  return chunked_additive_autograd(projected_queries, projected_keys, w_v, chunk_bytes);
+}
+
+// The module's own checks: its inputs against its options, in its words.
+void check_module_inputs(const char* fn, const AdditiveAttentionOptions& options,
+                         const torch::Tensor& queries, const torch::Tensor& keys,
+                         const torch::Tensor& W_q) {
+  TORCH_CHECK(queries.size(2) == options.query_size(),
+              fmt::format("{}: queries must have query_size={} features, got queries {}", fn,
+                          options.query_size(), shape_of(queries)));
+  TORCH_CHECK(keys.size(2) == options.key_size(),
+              fmt::format("{}: keys must have key_size={} features, got keys {}", fn,
+                          options.key_size(), shape_of(keys)));
+  check_same_device(fn, "W_q.weight", W_q, "queries", queries);
+  check_same_dtype(fn, "W_q.weight", W_q, "queries", queries);
+}
+
+// functional::additive_attention, with messages naming `fn` (the function or
+// the module that was called); a module passes its options, checked after
+// the inputs' own shapes.
+std::tuple<torch::Tensor, torch::Tensor> additive_attention(
+    const char* fn, const AdditiveAttentionOptions* module_options, const torch::Tensor& queries,
+    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& W_q,
+    const torch::Tensor& W_k, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+    double dropout, bool training, Path path, bool need_weights) {
+  check_qkv(fn, queries, keys, values, valid_lens);
+  if (module_options != nullptr) check_module_inputs(fn, *module_options, queries, keys, W_q);
+  check_floating(fn, "W_q", W_q, 2);
+  const int64_t h = W_q.size(0);
+  check_linear_weight(fn, "W_q", W_q, h, queries.size(2), "queries", queries);
+  check_linear_weight(fn, "W_k", W_k, h, keys.size(2), "queries", queries);
+  check_linear_weight(fn, "w_v", w_v, 1, h, "queries", queries);
+  check_dropout(fn, dropout);
+  namespace F = torch::nn::functional;
+  auto [output, weights] = additive_attention_projected(
+      F::linear(queries, W_q), F::linear(keys, W_k), values, w_v, valid_lens, dropout, training,
+      path);
+  if (!need_weights) weights = torch::Tensor();
+  return {std::move(output), std::move(weights)};
+}
+
+}  // namespace detail
+
 namespace functional {
 
 torch::Tensor additive_scores(const torch::Tensor& projected_queries,
                               const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                              Impl impl) {
+                              Path path) {
   constexpr const char* fn = "d2l::additive_scores";
   detail::check_floating(fn, "projected_queries", projected_queries, 3);
   detail::check_floating(fn, "projected_keys", projected_keys, 3);
@@ -30,64 +147,19 @@ torch::Tensor additive_scores(const torch::Tensor& projected_queries,
   detail::check_same_dtype(fn, "projected_queries", projected_queries, "projected_keys",
                            projected_keys);
   detail::check_same_dtype(fn, "projected_queries", projected_queries, "w_v", w_v);
-  return detail::additive_scores_nocheck(projected_queries, projected_keys, w_v, impl);
+  return detail::additive_scores_nocheck(projected_queries, projected_keys, w_v, path);
+}
+
+std::tuple<torch::Tensor, torch::Tensor> additive_attention(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
+    const torch::Tensor& valid_lens, double dropout, bool training, Path path,
+    bool need_weights) {
+  return detail::additive_attention("d2l::additive_attention", nullptr, queries, keys, values, W_q,
+                                    W_k, w_v, valid_lens, dropout, training, path, need_weights);
 }
 
 }  // namespace functional
-
-namespace detail {
-
-namespace {
-
-// The book's formulation: (B, n, 1, h) + (B, 1, m, h), tanh, then w_v.
-torch::Tensor composite_scores(const torch::Tensor& projected_queries,
-                               const torch::Tensor& projected_keys, const torch::Tensor& w_v) {
-  const auto features = torch::tanh(projected_queries.unsqueeze(2) + projected_keys.unsqueeze(1));
-  return torch::nn::functional::linear(features, w_v).squeeze(-1);
-}
-
-}  // namespace
-
-torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v, Impl impl) {
-  if (use_fused("d2l::additive_scores", impl, projected_queries.device())) {
-    return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
-  }
-  if (impl == Impl::kComposite) return composite_scores(projected_queries, projected_keys, w_v);
-  return chunked_additive_scores(projected_queries, projected_keys, w_v);
-}
-
-torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
-                                       const torch::Tensor& projected_keys,
-                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-                                       Impl impl) {
-  if (use_fused("d2l::AdditiveAttention", impl, projected_queries.device())) {
-    return fused_additive(projected_queries, projected_keys, w_v, valid_lens, /*softmax=*/true);
-  }
-  const auto scores = additive_scores_nocheck(projected_queries, projected_keys, w_v, impl);
-  return composite_masked_softmax(scores, valid_lens);
-}
-
-std::tuple<torch::Tensor, torch::Tensor> additive_attention_nocheck(
-    AdditiveAttentionImpl& attention, const torch::Tensor& projected_queries,
-    const torch::Tensor& projected_keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens) {
-  auto weights = additive_weights_nocheck(projected_queries, projected_keys,
-                                          attention.w_v->weight, valid_lens,
-                                          attention.options.impl());
-  // The registered dropout module decides, as in the book (its p and mode).
-  const auto& dropout = attention.dropout;
-  auto output = torch::bmm(
-      dropout_weights(weights, dropout->options.p(), dropout->is_training()), values);
-  if (attention.options.record_attention_weights()) {
-    std::lock_guard<std::mutex> lock(*attention.record_mutex_);
-    attention.attention_weights = weights;
-  }
-  return {std::move(output), std::move(weights)};
-}
-
-}  // namespace detail
 
 AdditiveAttentionOptions::AdditiveAttentionOptions(int64_t key_size, int64_t query_size,
                                                    int64_t num_hiddens)
@@ -109,9 +181,7 @@ void AdditiveAttentionImpl::reset() {
               fmt::format("{}: key_size, query_size and num_hiddens must be positive, got "
                           "key_size={}, query_size={}, num_hiddens={}",
                           fn, options.key_size(), options.query_size(), options.num_hiddens()));
-  TORCH_CHECK(options.dropout() >= 0 && options.dropout() <= 1,
-              fmt::format("{}: dropout must be a probability in [0, 1], got {}", fn,
-                          options.dropout()));
+  detail::check_dropout(fn, options.dropout());
   using torch::nn::LinearOptions;
   W_k = register_module(
       "W_k", torch::nn::Linear(LinearOptions(options.key_size(), options.num_hiddens()).bias(false)));
@@ -134,19 +204,13 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& keys,
                                              const torch::Tensor& values,
                                              const torch::Tensor& valid_lens) {
-  constexpr const char* fn = "d2l::AdditiveAttention";
-  detail::check_qkv(fn, queries, keys, values, valid_lens);
-  TORCH_CHECK(queries.size(2) == options.query_size(),
-              fmt::format("{}: queries must have query_size={} features, got queries {}", fn,
-                          options.query_size(), detail::shape_of(queries)));
-  TORCH_CHECK(keys.size(2) == options.key_size(),
-              fmt::format("{}: keys must have key_size={} features, got keys {}", fn,
-                          options.key_size(), detail::shape_of(keys)));
-  detail::check_same_device(fn, "W_q.weight", W_q->weight, "queries", queries);
-  detail::check_same_dtype(fn, "W_q.weight", W_q->weight, "queries", queries);
-
-  return std::get<0>(
-      detail::additive_attention_nocheck(*this, W_q(queries), W_k(keys), values, valid_lens));
+  // The registered dropout module decides, as in the book (its p and mode).
+  auto [output, weights] = detail::additive_attention(
+      "d2l::AdditiveAttention", &options, queries, keys, values, W_q->weight, W_k->weight, w_v->weight, valid_lens,
+      dropout->options.p(), dropout->is_training(), options.path(),
+      options.record_attention_weights());
+  if (options.record_attention_weights()) detail::record_weights(attention_weights, weights);
+  return output;
 }
 
 }  // namespace d2l

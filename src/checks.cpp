@@ -87,6 +87,10 @@ void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const cha
   check_length_values(fn, "valid_lens", valid_lens);
 }
 
+void check_dropout(const char* fn, double p) {
+  TORCH_CHECK(p >= 0 && p <= 1,
+              fmt::format("{}: dropout must be a probability in [0, 1], got {}", fn, p));
+}
 
 void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
                const torch::Tensor& values, const torch::Tensor& valid_lens) {

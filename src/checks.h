@@ -33,6 +33,9 @@ void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const cha
 /// The values of a lengths tensor: numeric, whole and non-negative.
 void check_length_values(const char* fn, const char* name, const torch::Tensor& lens);
 
+/// `p` must be a probability in [0, 1] (NaN is not one).
+void check_dropout(const char* fn, double p);
+
 /// Shapes common to every attention scorer: queries (B, n, *), keys (B, m, *),
 /// values (B, m, v), valid_lens (B) or (B, n); one dtype and one device.
 void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,

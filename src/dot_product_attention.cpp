@@ -1,3 +1,8 @@
+// Scaled dot-product attention: argument checks, the composite path (bmm,
+// masked softmax, bmm; fused softmax on the CPU), LibTorch's SDPA with our
+// masking contract, the functional form and the module. The choice among
+// them is in path.cpp (Note [Choosing a path]).
+
 #include <d2l/dot_product_attention.h>
 #include <d2l/torch_version.h>
 
@@ -8,68 +13,17 @@
 #include <cstdint>
 #include <optional>
 
+#include "attention_weights.h"
 #include "checks.h"
-#include "internal.h"
+#include "masked_softmax.h"
+#include "path.h"
 
 namespace d2l {
 namespace detail {
 
-torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training) {
-  return training && p > 0 ? torch::dropout(weights, p, training) : weights;
-}
-
 namespace {
 
-bool sdpa_eligible(const torch::Tensor& queries, const torch::Tensor& keys,
-                   const torch::Tensor& values) {
-  return queries.numel() > 0 && keys.numel() > 0 && values.numel() > 0;
-}
-
-bool records_graph(const torch::Tensor& queries, const torch::Tensor& keys,
-                   const torch::Tensor& values) {
-  return torch::GradMode::is_enabled() &&
-         (queries.requires_grad() || keys.requires_grad() || values.requires_grad());
-}
-
-}  // namespace
-
-// Impl::kAuto hands dot-product attention that returns no weights to
-// LibTorch's SDPA on CUDA, and on the CPU from kSdpaMinKeysCpu keys on: its
-// flash kernel never builds the (B, n, m) scores, and it outruns bmm + fused
-// softmax + bmm once the key rows no longer fit in cache (README, "Choosing a
-// path", and `make bench-sdpa`).
-Impl choose_dot_product_impl(const char* fn, Impl impl, const torch::Tensor& queries,
-                             const torch::Tensor& keys, const torch::Tensor& values,
-                             double dropout, bool training, bool need_weights) {
-  if (impl == Impl::kSdpa) {
-    TORCH_CHECK(D2L_HAS_SDPA,
-                fmt::format("{}: Impl::kSdpa needs LibTorch 2.1 or newer "
-                            "(at::scaled_dot_product_attention); this build of d2l_attention "
-                            "uses LibTorch {}",
-                            fn, torch_version()));
-    TORCH_CHECK(!need_weights,
-                fmt::format("{}: Impl::kSdpa returns no attention weights; call it with "
-                            "need_weights=false (DotProductAttentionOptions::"
-                            "record_attention_weights(false) in the modules)",
-                            fn));
-    // Empty sizes take the composite path, which keeps the autograd graph.
-    return sdpa_eligible(queries, keys, values) ? Impl::kSdpa : Impl::kComposite;
-  }
-  const bool fused = use_fused(fn, impl, queries.device());
-  if (impl != Impl::kAuto || !D2L_HAS_SDPA || need_weights) {
-    return fused ? Impl::kFused : Impl::kComposite;
-  }
-  // Dropout keeps its semantics (and random stream) on our own paths. While
-  // a graph is recorded on the CPU, SDPA is taken only where its double
-  // backward is tested (2.11); elsewhere the fused softmax keeps it.
-  const bool sdpa =
-      !(training && dropout > 0) && sdpa_eligible(queries, keys, values) &&
-      (queries.is_cuda() ||
-       (queries.device().is_cpu() && keys.size(1) >= kSdpaMinKeysCpu &&
-        (D2L_TORCH_VERSION_AT_LEAST(2, 11) || !records_graph(queries, keys, values))));
-  return sdpa ? Impl::kSdpa : fused ? Impl::kFused : Impl::kComposite;
-}
-
+// LibTorch's SDPA with our masking contract (Path::kSdpa).
 torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& keys,
                              const torch::Tensor& values, const torch::Tensor& valid_lens,
                              double dropout) {
@@ -116,13 +70,14 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
 #endif
 }
 
+}  // namespace
 }  // namespace detail
 
 namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, double dropout, bool training, Impl impl,
+    const torch::Tensor& valid_lens, double dropout, bool training, Path path,
     bool need_weights) {
   constexpr const char* fn = "d2l::dot_product_attention";
   detail::check_qkv(fn, queries, keys, values, valid_lens);
@@ -135,9 +90,10 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
               fmt::format("{}: queries and keys must have at least one feature (scores are "
                           "scaled by 1/sqrt(d)), got queries {} and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
-  const auto path = detail::choose_dot_product_impl(fn, impl, queries, keys, values, dropout,
-                                                    training, need_weights);
-  if (path == Impl::kSdpa) {
+  detail::check_dropout(fn, dropout);
+  const auto chosen = detail::choose_dot_product_path(fn, path, queries, keys, values, dropout,
+                                                      training, need_weights);
+  if (chosen == Path::kSdpa) {
     return {detail::sdpa_attention(queries, keys, values, valid_lens, training ? dropout : 0.0),
             torch::Tensor()};
   }
@@ -145,7 +101,7 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights = path == Impl::kFused
+  auto weights = chosen == Path::kFused
                      ? detail::fused_masked_softmax_consuming(std::move(qk), valid_lens,
                                                               1.0 / sqrt_d)
                      : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
@@ -165,9 +121,7 @@ DotProductAttentionImpl::DotProductAttentionImpl(const DotProductAttentionOption
 }
 
 void DotProductAttentionImpl::reset() {
-  TORCH_CHECK(options.dropout() >= 0 && options.dropout() <= 1,
-              fmt::format("d2l::DotProductAttention: dropout must be a probability in [0, 1], got {}",
-                          options.dropout()));
+  detail::check_dropout("d2l::DotProductAttention", options.dropout());
   dropout = register_module("dropout", torch::nn::Dropout(options.dropout()));
 }
 
@@ -181,11 +135,8 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& valid_lens) {
   auto [output, weights] = functional::dot_product_attention(
       queries, keys, values, valid_lens, dropout->options.p(), dropout->is_training(),
-      options.impl(), /*need_weights=*/options.record_attention_weights());
-  if (options.record_attention_weights()) {
-    std::lock_guard<std::mutex> lock(*record_mutex_);
-    attention_weights = std::move(weights);
-  }
+      options.path(), /*need_weights=*/options.record_attention_weights());
+  if (options.record_attention_weights()) detail::record_weights(attention_weights, weights);
   return output;
 }
 

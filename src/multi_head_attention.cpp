@@ -1,7 +1,13 @@
+// Multi-head attention: the head split and join, the functional form and
+// the module. Each head runs functional::dot_product_attention.
+
 #include <d2l/multi_head_attention.h>
+
+#include <torch/nn/functional/linear.h>
 
 #include <fmt/format.h>
 
+#include "attention_weights.h"
 #include "checks.h"
 
 namespace d2l {
@@ -36,6 +42,100 @@ torch::Tensor transpose_output(const torch::Tensor& X, int64_t num_heads) {
       .permute({0, 2, 1, 3})
       .reshape({batch, n, num_heads * d});
 }
+
+namespace {
+
+// A projection's weight (h, in) and optional bias (h), on the queries' device
+// and in their dtype.
+void check_projection(const char* fn, const char* name, const torch::Tensor& W,
+                      const char* bias_name, const torch::Tensor& b, int64_t h, int64_t in,
+                      const torch::Tensor& queries) {
+  detail::check_floating(fn, name, W, 2);
+  TORCH_CHECK(W.size(0) == h && W.size(1) == in,
+              fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, h, in,
+                          detail::shape_of(W)));
+  detail::check_same_device(fn, "queries", queries, name, W);
+  detail::check_same_dtype(fn, "queries", queries, name, W);
+  if (!b.defined()) return;
+  TORCH_CHECK(b.dim() == 1 && b.size(0) == h,
+              fmt::format("{}: {} must have shape [{}] or be undefined, got {}", fn, bias_name, h,
+                          detail::shape_of(b)));
+  detail::check_same_device(fn, "queries", queries, bias_name, b);
+  detail::check_same_dtype(fn, "queries", queries, bias_name, b);
+}
+
+// The module's own checks: its inputs against its options, in its words.
+void check_module_inputs(const char* fn, const MultiHeadAttentionOptions& options,
+                         const torch::Tensor& queries, const torch::Tensor& keys,
+                         const torch::Tensor& values, const torch::Tensor& W_q) {
+  const auto features_ok = [&](const torch::Tensor& t, int64_t size) { return t.size(2) == size; };
+  TORCH_CHECK(
+      features_ok(queries, options.query_size()) && features_ok(keys, options.key_size()) &&
+          features_ok(values, options.value_size()),
+      fmt::format("{}: queries, keys and values must have query_size={}, key_size={} and "
+                  "value_size={} features, got queries {}, keys {} and values {}",
+                  fn, options.query_size(), options.key_size(), options.value_size(),
+                  detail::shape_of(queries), detail::shape_of(keys), detail::shape_of(values)));
+  detail::check_same_device(fn, "W_q.weight", W_q, "queries", queries);
+  detail::check_same_dtype(fn, "W_q.weight", W_q, "queries", queries);
+}
+
+// functional::multi_head_attention, with messages naming `fn` (the function
+// or the module that was called); a module passes its options, checked after
+// the inputs' own shapes.
+std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
+    const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
+    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
+    const functional::MultiHeadAttentionFuncOptions& o) {
+  detail::check_qkv(fn, queries, keys, values, valid_lens);
+  if (module_options != nullptr) {
+    check_module_inputs(fn, *module_options, queries, keys, values, o.W_q());
+  }
+  const int64_t heads = o.num_heads();
+  TORCH_CHECK(heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, heads));
+  detail::check_floating(fn, "W_q", o.W_q(), 2);
+  const int64_t h = o.W_q().size(0);
+  TORCH_CHECK(h % heads == 0,
+              fmt::format("{}: num_hiddens (the rows of W_q) must be divisible by num_heads, got "
+                          "W_q {} and num_heads={}",
+                          fn, detail::shape_of(o.W_q()), heads));
+  check_projection(fn, "W_q", o.W_q(), "b_q", o.b_q(), h, queries.size(2), queries);
+  check_projection(fn, "W_k", o.W_k(), "b_k", o.b_k(), h, keys.size(2), queries);
+  check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
+  check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
+  namespace F = torch::nn::functional;
+  // Head b * heads + i belongs to batch element b: each length is repeated per head.
+  const auto lens =
+      valid_lens.defined() ? valid_lens.repeat_interleave(heads, /*dim=*/0) : valid_lens;
+  auto [output, weights] = functional::dot_product_attention(
+      transpose_qkv(F::linear(queries, o.W_q(), o.b_q()), heads),
+      transpose_qkv(F::linear(keys, o.W_k(), o.b_k()), heads),
+      transpose_qkv(F::linear(values, o.W_v(), o.b_v()), heads), lens, o.dropout(), o.training(),
+      o.path(), o.need_weights());
+  return {F::linear(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
+}
+
+}  // namespace
+
+namespace functional {
+
+MultiHeadAttentionFuncOptions::MultiHeadAttentionFuncOptions(int64_t num_heads, torch::Tensor W_q,
+                                                             torch::Tensor W_k, torch::Tensor W_v,
+                                                             torch::Tensor W_o)
+    : num_heads_(num_heads),
+      W_q_(std::move(W_q)),
+      W_k_(std::move(W_k)),
+      W_v_(std::move(W_v)),
+      W_o_(std::move(W_o)) {}
+
+std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens, const MultiHeadAttentionFuncOptions& options) {
+  return checked_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
+                                     valid_lens, options);
+}
+
+}  // namespace functional
 
 MultiHeadAttentionOptions::MultiHeadAttentionOptions(int64_t key_size, int64_t query_size,
                                                      int64_t value_size, int64_t num_hiddens,
@@ -74,8 +174,7 @@ void check_options(const MultiHeadAttentionOptions& o) {
               fmt::format("{}: num_hiddens must be divisible by num_heads, got num_hiddens={} "
                           "and num_heads={}",
                           fn, o.num_hiddens(), o.num_heads()));
-  TORCH_CHECK(o.dropout() >= 0 && o.dropout() <= 1,
-              fmt::format("{}: dropout must be a probability in [0, 1], got {}", fn, o.dropout()));
+  detail::check_dropout(fn, o.dropout());
 }
 
 }  // namespace
@@ -89,7 +188,7 @@ void MultiHeadAttentionImpl::reset() {
   attention = register_module(
       "attention", DotProductAttention(DotProductAttentionOptions()
                                            .dropout(options.dropout())
-                                           .impl(options.impl())
+                                           .path(options.path())
                                            .record_attention_weights(
                                                options.record_attention_weights())));
   W_q = register_module("W_q", Linear(LinearOptions(options.query_size(), h).bias(bias)));
@@ -110,26 +209,24 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& keys,
                                               const torch::Tensor& values,
                                               const torch::Tensor& valid_lens) {
-  constexpr const char* fn = "d2l::MultiHeadAttention";
-  detail::check_qkv(fn, queries, keys, values, valid_lens);
-  const auto features_ok = [&](const torch::Tensor& t, int64_t size) { return t.size(2) == size; };
-  TORCH_CHECK(
-      features_ok(queries, options.query_size()) && features_ok(keys, options.key_size()) &&
-          features_ok(values, options.value_size()),
-      fmt::format("{}: queries, keys and values must have query_size={}, key_size={} and "
-                  "value_size={} features, got queries {}, keys {} and values {}",
-                  fn, options.query_size(), options.key_size(), options.value_size(),
-                  detail::shape_of(queries), detail::shape_of(keys), detail::shape_of(values)));
-  detail::check_same_device(fn, "W_q.weight", W_q->weight, "queries", queries);
-  detail::check_same_dtype(fn, "W_q.weight", W_q->weight, "queries", queries);
-
-  const int64_t heads = options.num_heads();
-  // Head b * heads + i belongs to batch element b: each length is repeated per head.
-  const auto lens =
-      valid_lens.defined() ? valid_lens.repeat_interleave(heads, /*dim=*/0) : valid_lens;
-  const auto output = attention(transpose_qkv(W_q(queries), heads), transpose_qkv(W_k(keys), heads),
-                                transpose_qkv(W_v(values), heads), lens);
-  return W_o(transpose_output(output, heads));
+  const auto& inner = attention->options;
+  const auto func_options =
+      functional::MultiHeadAttentionFuncOptions(options.num_heads(), W_q->weight, W_k->weight,
+                                                W_v->weight, W_o->weight)
+          .b_q(W_q->bias)
+          .b_k(W_k->bias)
+          .b_v(W_v->bias)
+          .b_o(W_o->bias)
+          .dropout(attention->dropout->options.p())
+          .training(attention->dropout->is_training())
+          .path(inner.path())
+          .need_weights(inner.record_attention_weights());
+  auto [output, weights] = checked_multi_head_attention(
+      "d2l::MultiHeadAttention", &options, queries, keys, values, valid_lens, func_options);
+  if (inner.record_attention_weights()) {
+    detail::record_weights(attention->attention_weights, std::move(weights));
+  }
+  return output;
 }
 
 }  // namespace d2l

@@ -2,8 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "attention_weights.h"
 #include "checks.h"
-#include "internal.h"
+#include "masked_softmax.h"
 
 namespace d2l {
 namespace {
@@ -86,7 +87,7 @@ torch::Tensor NWKernelRegressionImpl::forward(const torch::Tensor& queries,
   detail::check_same_device(fn, "w", w, "queries", queries);
   detail::check_same_dtype(fn, "w", w, "queries", queries);
   auto [output, weights] = functional::nw_kernel_regression(queries, keys, values, w);
-  attention_weights = std::move(weights);
+  detail::record_weights(attention_weights, std::move(weights));
   return output;
 }
 

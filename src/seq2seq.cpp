@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "additive_attention.h"
+#include "attention_weights.h"
 #include "checks.h"
 
 namespace d2l {
@@ -260,16 +262,20 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
     const auto query = hidden_state[-1].unsqueeze(1);
     // Same as attention(query, enc_outputs, enc_outputs, enc_valid_lens), with
     // the keys projected once by init_state.
-    auto [context, step_weights] = detail::additive_attention_nocheck(
-        *attention, attention->W_q(query), state.projected_keys, state.enc_outputs,
-        state.enc_valid_lens);
+    auto [context, step_weights] = detail::additive_attention_projected(
+        attention->W_q(query), state.projected_keys, state.enc_outputs, attention->w_v->weight,
+        state.enc_valid_lens, attention->dropout->options.p(), attention->dropout->is_training(),
+        attention->options.path());
+    if (attention->options.record_attention_weights()) {
+      detail::record_weights(attention->attention_weights, step_weights);
+    }
     const auto x = torch::cat({context, embedded[t].unsqueeze(1)}, -1);
     torch::Tensor out;
     std::tie(out, hidden_state) = rnn(x.permute({1, 0, 2}), hidden_state);
     outputs.push_back(std::move(out));
     weights.push_back(std::move(step_weights));
   }
-  attention_weights_ = torch::cat(weights, 1);
+  detail::record_weights(attention_weights_, torch::cat(weights, 1));
   DecoderState next = state;
   next.hidden_state = std::move(hidden_state);
   return {dense(torch::cat(outputs, 0)).permute({1, 0, 2}), std::move(next)};

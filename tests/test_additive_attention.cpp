@@ -1,5 +1,5 @@
 #include <d2l/additive_attention.h>
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
 
 #include "test_utils.h"
 

@@ -6,7 +6,7 @@
 #include <d2l/additive_attention.h>
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
 
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
@@ -17,13 +17,14 @@
 #include <cstring>
 #include <sstream>
 
-#include "cpu/kernels.h"
-#include "internal.h"
+#include "additive_attention.h"
+#include "cpu/additive_attention_kernel.h"
 #include "test_utils.h"
 
 namespace {
 
-using d2l::Impl;
+using d2l::Path;
+using d2l::testing::masked_softmax_by;
 using d2l::testing::error_message;
 using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
@@ -93,7 +94,7 @@ TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
       auto run = [&](auto fn) {
         return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
       };
-      expect_close(run(d2l::fused::masked_softmax), run(d2l::composite::masked_softmax), tol,
+      expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)), tol,
                    "masked_softmax m=" + std::to_string(m));
     }
   }
@@ -106,7 +107,7 @@ TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
   auto run = [&](auto fn) {
     return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
   };
-  expect_close(run(d2l::fused::masked_softmax), run(d2l::composite::masked_softmax), kDtypes[0],
+  expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)), kDtypes[0],
                "non-contiguous");
 }
 
@@ -119,8 +120,8 @@ TEST_P(Fused, MaskedSoftmaxDoubleBackwardMatchesComposite) {
     auto g = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
     return torch::autograd::grad({g.pow(2).sum()}, {x})[0];
   };
-  EXPECT_LT(max_rel_error(second_order(d2l::fused::masked_softmax),
-                          second_order(d2l::composite::masked_softmax)),
+  EXPECT_LT(max_rel_error(second_order(masked_softmax_by(Path::kFused)),
+                          second_order(masked_softmax_by(Path::kComposite))),
             1e-11);
 }
 
@@ -132,15 +133,15 @@ void check_additive(int64_t B, int64_t n, int64_t m, int64_t h, const torch::Ten
   const auto k = (torch::randn({B, m, h}, torch::kDouble) * 0.7).to(tol.dtype);
   const auto w = torch::randn({1, h}, torch::kDouble).to(tol.dtype);
   const auto G = torch::randn({B, n, m}, torch::kDouble);
-  auto scores = [&](Impl impl) {
+  auto scores = [&](Path path) {
     return value_and_grads(
-        [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], impl); },
+        [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], path); },
         {q, k, w}, G);
   };
-  auto weights = [&](Impl impl) {
+  auto weights = [&](Path path) {
     return value_and_grads(
         [&](const auto& in) {
-          return d2l::detail::additive_weights_nocheck(in[0], in[1], in[2], lens, impl);
+          return d2l::detail::additive_weights_nocheck(in[0], in[1], in[2], lens, path);
         },
         {q, k, w}, G);
   };
@@ -151,16 +152,16 @@ void check_additive(int64_t B, int64_t n, int64_t m, int64_t h, const torch::Ten
     auto to_double = [&](auto fn) {
       return value_and_grads(fn, {q.to(torch::kDouble), k.to(torch::kDouble), w.to(torch::kDouble)}, G);
     };
-    auto fused_scores = scores(Impl::kFused);
+    auto fused_scores = scores(Path::kFused);
     auto ref = to_double([&](const auto& in) {
-      return d2l::functional::additive_scores(in[0], in[1], in[2], Impl::kComposite);
+      return d2l::functional::additive_scores(in[0], in[1], in[2], Path::kComposite);
     });
     for (auto& t : ref) t = t.to(tol.dtype);
     expect_close(fused_scores, ref, tol, "scores " + what);
     return;
   }
-  expect_close(scores(Impl::kFused), scores(Impl::kComposite), tol, "scores " + what);
-  expect_close(weights(Impl::kFused), weights(Impl::kComposite), tol, "weights " + what);
+  expect_close(scores(Path::kFused), scores(Path::kComposite), tol, "scores " + what);
+  expect_close(weights(Path::kFused), weights(Path::kComposite), tol, "weights " + what);
 }
 
 TEST_P(Fused, AdditiveMatchesCompositeAcrossShapesAndDtypes) {
@@ -175,8 +176,8 @@ TEST_P(Fused, AdditiveMatchesCompositeAcrossShapesAndDtypes) {
 
 TEST_P(Fused, AdditiveModuleImplsAgreeIncludingNonContiguousInputs) {
   torch::manual_seed(13);
-  d2l::AdditiveAttention fused(d2l::AdditiveAttentionOptions(5, 6, 12).impl(Impl::kFused));
-  d2l::AdditiveAttention composite(d2l::AdditiveAttentionOptions(5, 6, 12).impl(Impl::kComposite));
+  d2l::AdditiveAttention fused(d2l::AdditiveAttentionOptions(5, 6, 12).path(Path::kFused));
+  d2l::AdditiveAttention composite(d2l::AdditiveAttentionOptions(5, 6, 12).path(Path::kComposite));
   std::stringstream weights;
   torch::save(fused, weights);
   torch::load(composite, weights);
@@ -204,18 +205,18 @@ TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
     const auto q = torch::randn({2, 5, 7}).to(tol.dtype), k = torch::randn({2, 9, 7}).to(tol.dtype);
     const auto v = torch::randn({2, 9, 3}).to(tol.dtype);
     const auto lens = torch::tensor({{1, 0, 9, 12, 4}, {3, 3, 3, 3, 3}});
-    auto run = [&](Impl impl) {
+    auto run = [&](Path path) {
       return value_and_grads(
           [&](const auto& in) {
             return std::get<0>(
-                d2l::functional::dot_product_attention(in[0], in[1], in[2], lens, 0, false, impl));
+                d2l::functional::dot_product_attention(in[0], in[1], in[2], lens, 0, false, path));
           },
           {q, k, v}, torch::randn({2, 5, 3}, torch::kDouble));
     };
     torch::manual_seed(15);
-    const auto fused = run(Impl::kFused);
+    const auto fused = run(Path::kFused);
     torch::manual_seed(15);
-    expect_close(fused, run(Impl::kComposite), tol, "dot");
+    expect_close(fused, run(Path::kComposite), tol, "dot");
   }
 }
 
@@ -232,10 +233,10 @@ TEST_P(Fused, DotProductWithoutAutogradMatchesComposite) {
       for (const auto& lens : {torch::Tensor(), torch::randint(0, m + 2, {3}),
                                torch::randint(0, m + 2, {3, 4})}) {
         const auto expected = d2l::functional::dot_product_attention(q, k, v, lens, 0, false,
-                                                                     Impl::kComposite);
+                                                                     Path::kComposite);
         auto check = [&](const char* mode) {
           const auto [out, weights] =
-              d2l::functional::dot_product_attention(q, k, v, lens, 0, false, Impl::kFused);
+              d2l::functional::dot_product_attention(q, k, v, lens, 0, false, Path::kFused);
           const auto what = fmt::format("{} {} m={}", mode, c10::toString(tol.dtype), m);
           EXPECT_LT(max_rel_error(out, std::get<0>(expected)), tol.forward) << what;
           EXPECT_LT(max_rel_error(weights, std::get<1>(expected)), tol.forward) << what;
@@ -273,7 +274,9 @@ TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {
   for (auto isa : runnable_isas()) {
     d2l::set_cpu_isa(isa);
     std::vector<float> y(x.size());
-    d2l::cpu::kernels<float>().tanh(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    const auto n = static_cast<int64_t>(x.size());
+    d2l::cpu::additive_attention_kernels().tanh(torch::from_blob(x.data(), {n}),
+                                                torch::from_blob(y.data(), {n}));
     double worst_abs = 0, worst_ulps = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       const double exact = std::tanh(static_cast<double>(x[i]));
@@ -287,7 +290,8 @@ TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {
     EXPECT_LT(worst_ulps, 8) << d2l::to_string(isa);
     // NaN stays NaN, in every lane of a vector and in a partial tail.
     std::vector<float> nan_in(37, std::numeric_limits<float>::quiet_NaN()), nan_out(37);
-    d2l::cpu::kernels<float>().tanh(nan_in.data(), nan_out.data(), 37);
+    d2l::cpu::additive_attention_kernels().tanh(torch::from_blob(nan_in.data(), {37}),
+                                                torch::from_blob(nan_out.data(), {37}));
     EXPECT_TRUE(std::all_of(nan_out.begin(), nan_out.end(), [](float v) { return std::isnan(v); }))
         << d2l::to_string(isa);
   }
@@ -304,7 +308,7 @@ TEST(FusedKernels, ChunkedScoresMatchCompositeAcrossManyChunks) {
       [&](const auto& in) { return d2l::detail::chunked_additive_scores(in[0], in[1], in[2], 1024); },
       {q, k, w}, G);
   const auto composite = value_and_grads(
-      [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], Impl::kComposite); },
+      [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], Path::kComposite); },
       {q, k, w}, G);
   expect_close(chunked, composite, kDtypes[0], "chunked");
 }
@@ -313,9 +317,9 @@ TEST(FusedKernels, FusedAdditiveRefusesDoubleBackwardClearly) {
   const auto q = torch::randn({1, 2, 3}, torch::kDouble).requires_grad_();
   const auto k = torch::randn({1, 4, 3}, torch::kDouble);
   const auto w = torch::randn({1, 3}, torch::kDouble);
-  const auto s = d2l::functional::additive_scores(q, k, w, Impl::kFused);
+  const auto s = d2l::functional::additive_scores(q, k, w, Path::kFused);
   EXPECT_THAT(error_message([&] { torch::autograd::grad({s.sum()}, {q}, {}, true, true); }),
-              HasSubstr("the fused CPU kernel has no double backward; use Impl::kComposite"));
+              HasSubstr("the fused CPU kernel has no double backward; use Path::kComposite"));
 }
 
 TEST(FusedKernels, RecordingWeightsCanBeTurnedOff) {
@@ -329,10 +333,10 @@ TEST(FusedKernels, RecordingWeightsCanBeTurnedOff) {
 
 TEST(FusedKernels, FusedImplRefusesOtherDevices) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(Impl::kFused));
+  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(Path::kFused));
   const auto q = torch::randn({1, 2, 2}).cuda();
   EXPECT_THAT(error_message([&] { dot(q, q, q); }),
-              HasSubstr("d2l::dot_product_attention: Impl::kFused runs on the CPU, got tensors on cuda:0"));
+              HasSubstr("d2l::dot_product_attention: Path::kFused runs on the CPU, got tensors on cuda:0"));
 }
 
 TEST(FusedKernels, IsaCanBeChosenAndNamed) {

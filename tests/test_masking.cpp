@@ -1,4 +1,5 @@
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
+#include <d2l/sequence_mask.h>
 
 #include "test_utils.h"
 
@@ -70,11 +71,9 @@ TEST(SequenceMask, RejectsBadArguments) {
 
 // ---------------------------------------------------------------- masked_softmax
 
-using MaskedSoftmaxFn = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&);
-
 struct Implementation {
   const char* name;
-  MaskedSoftmaxFn fn;
+  d2l::Path path;
   const char* function;  // as named in its error messages
 };
 
@@ -83,7 +82,7 @@ void PrintTo(const Implementation& impl, std::ostream* os) { *os << impl.name; }
 class MaskedSoftmax : public ::testing::TestWithParam<Implementation> {
  protected:
   torch::Tensor run(const torch::Tensor& X, const torch::Tensor& lens = {}) const {
-    return GetParam().fn(X, lens);
+    return d2l::masked_softmax(X, lens, GetParam().path);
   }
 };
 
@@ -243,7 +242,7 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
   const auto lens = torch::tensor({{0, 5, 37, 40}, {1, 2, 3, 4}, {9, 9, 9, 9}});
   if (std::string(GetParam().name) == "fused") {
     EXPECT_THAT(error_message([&] { run(X.cuda(), lens.cuda()); }),
-                HasSubstr("d2l::fused::masked_softmax: the fused kernel runs on the CPU, got X on "
+                HasSubstr("d2l::masked_softmax: Path::kFused runs on the CPU, got tensors on "
                           "cuda:0"));
     return;
   }
@@ -258,9 +257,9 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
 INSTANTIATE_TEST_SUITE_P(
     Implementations, MaskedSoftmax,
     ::testing::Values(
-        Implementation{"default", &d2l::masked_softmax, "d2l::masked_softmax"},
-        Implementation{"composite", &d2l::composite::masked_softmax, "d2l::masked_softmax"},
-        Implementation{"fused", &d2l::fused::masked_softmax, "d2l::fused::masked_softmax"}),
+        Implementation{"default", d2l::Path::kAuto, "d2l::masked_softmax"},
+        Implementation{"composite", d2l::Path::kComposite, "d2l::masked_softmax"},
+        Implementation{"fused", d2l::Path::kFused, "d2l::masked_softmax"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -1,11 +1,11 @@
 // What depends on the LibTorch version and the device: the version the build
 // reports, the SDPA path of dot-product attention (LibTorch 2.1+) against the
-// composite oracle, the choice Impl::kAuto makes, the errors where a feature
+// composite oracle, the choice Path::kAuto makes, the errors where a feature
 // is missing, and the same checks on CUDA where a GPU is present.
 
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
 #include <d2l/additive_attention.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/torch_version.h>
@@ -14,20 +14,21 @@
 #include <string>
 #include <vector>
 
-#include "internal.h"
+#include "masked_softmax.h"
+#include "path.h"
 #include "test_utils.h"
 
 namespace {
 
-using d2l::Impl;
+using d2l::Path;
 using d2l::testing::error_message;
 using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
 
 std::tuple<torch::Tensor, torch::Tensor> dot(const torch::Tensor& q, const torch::Tensor& k,
                                              const torch::Tensor& v, const torch::Tensor& lens,
-                                             Impl impl, bool need_weights = false) {
-  return d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, impl, need_weights);
+                                             Path path, bool need_weights = false) {
+  return d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, path, need_weights);
 }
 
 TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
@@ -41,33 +42,33 @@ TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
   EXPECT_EQ(D2L_TORCH_VERSION_AT_LEAST(2, 0), TORCH_VERSION_MAJOR >= 2);
   EXPECT_TRUE(D2L_TORCH_VERSION_AT_LEAST(1, 13));
   EXPECT_FALSE(D2L_TORCH_VERSION_AT_LEAST(99, 0));
-  EXPECT_EQ(d2l::to_string(Impl::kAuto), "auto");
-  EXPECT_EQ(d2l::to_string(Impl::kSdpa), "sdpa");
+  EXPECT_EQ(d2l::to_string(Path::kAuto), "auto");
+  EXPECT_EQ(d2l::to_string(Path::kSdpa), "sdpa");
 }
 
 TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
   if (!d2l::sdpa_available()) {
-    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Impl::kSdpa); }),
-                HasSubstr("d2l::dot_product_attention: Impl::kSdpa needs LibTorch 2.1 or newer "
+    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Path::kSdpa); }),
+                HasSubstr("d2l::dot_product_attention: Path::kSdpa needs LibTorch 2.1 or newer "
                           "(at::scaled_dot_product_attention); this build of d2l_attention uses "
                           "LibTorch " + d2l::torch_version()));
   } else {
-    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Impl::kSdpa, /*need_weights=*/true); }),
-                HasSubstr("d2l::dot_product_attention: Impl::kSdpa returns no attention weights; "
+    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Path::kSdpa, /*need_weights=*/true); }),
+                HasSubstr("d2l::dot_product_attention: Path::kSdpa returns no attention weights; "
                           "call it with need_weights=false"));
-    d2l::DotProductAttention recording(d2l::DotProductAttentionOptions().impl(Impl::kSdpa));
+    d2l::DotProductAttention recording(d2l::DotProductAttentionOptions().path(Path::kSdpa));
     EXPECT_THAT(error_message([&] { recording(q, k, v); }),
                 HasSubstr("record_attention_weights(false)"));
   }
   // Only dot-product attention has an SDPA path.
   EXPECT_THAT(error_message([&] {
-                d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, Impl::kSdpa);
+                d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, Path::kSdpa);
               }),
-              HasSubstr("d2l::masked_softmax: Impl::kSdpa (LibTorch's scaled_dot_product_attention) "
+              HasSubstr("d2l::masked_softmax: Path::kSdpa (LibTorch's scaled_dot_product_attention) "
                         "is only for dot-product attention"));
   d2l::AdditiveAttention additive(
-      d2l::AdditiveAttentionOptions(4, 4, 8).impl(Impl::kSdpa));
+      d2l::AdditiveAttentionOptions(4, 4, 8).path(Path::kSdpa));
   EXPECT_THAT(error_message([&] { additive(q, k, v); }), HasSubstr("is only for dot-product"));
 }
 
@@ -91,17 +92,17 @@ std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {
 void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor& k0,
                                    const torch::Tensor& v0, const torch::Tensor& lens,
                                    const DtypeTolerance& c, const std::string& what) {
-  auto run = [&](Impl impl) {
+  auto run = [&](Path path) {
     auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
          v = v0.detach().clone().requires_grad_();
-    auto out = std::get<0>(dot(q, k, v, lens, impl));
+    auto out = std::get<0>(dot(q, k, v, lens, path));
     const auto G = torch::linspace(-1, 1, out.numel(), torch::kDouble)
                        .reshape(out.sizes())
                        .to(out.options());
     (out * G).sum().backward();
     return std::vector<torch::Tensor>{out, q.grad(), k.grad(), v.grad()};
   };
-  const auto sdpa = run(Impl::kSdpa), composite = run(Impl::kComposite);
+  const auto sdpa = run(Path::kSdpa), composite = run(Path::kComposite);
   EXPECT_EQ(sdpa[0].scalar_type(), c.dtype) << what;
   EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.forward) << what << " output";
   const char* names[] = {"output", "dq", "dk", "dv"};
@@ -152,8 +153,8 @@ TEST(Platform, SdpaKeepsNonFinitePaddingKeysOut) {
     k.index_put_({1, 2}, bad);
     for (const auto& lens : {torch::tensor({4, 2}), torch::tensor({{4, 1, 0}, {2, 2, 1}})}) {
       const auto inputs = std::vector<torch::Tensor>{q.clone(), k.clone(), v.clone()};
-      const auto sdpa = std::get<0>(dot(q, k, v, lens, Impl::kSdpa));
-      const auto composite = std::get<0>(dot(q, k, v, lens, Impl::kComposite));
+      const auto sdpa = std::get<0>(dot(q, k, v, lens, Path::kSdpa));
+      const auto composite = std::get<0>(dot(q, k, v, lens, Path::kComposite));
       EXPECT_TRUE(torch::isfinite(sdpa).all().item<bool>()) << bad;
       EXPECT_LT(max_rel_error(sdpa, composite), 2e-6) << bad;
       // Inputs are never modified.
@@ -168,7 +169,7 @@ TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
   for (auto [B, n, m] : std::vector<std::array<int64_t, 3>>{{0, 3, 4}, {2, 0, 4}, {2, 3, 0}}) {
     const auto q = torch::randn({B, n, 4}).requires_grad_(), k = torch::randn({B, m, 4});
     const auto v = torch::randn({B, m, 2});
-    const auto out = std::get<0>(dot(q, k, v, {}, Impl::kSdpa));
+    const auto out = std::get<0>(dot(q, k, v, {}, Path::kSdpa));
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{B, n, 2}));
     EXPECT_TRUE(out.requires_grad());
     EXPECT_EQ(out.abs().sum().item<float>(), 0);
@@ -178,41 +179,41 @@ TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
 }
 
 TEST(Platform, AutoChoosesSdpaOnlyWhereItIsTheBetterCorrectPath) {
-  auto choose = [](Impl impl, const torch::Tensor& q, const torch::Tensor& k, double dropout,
+  auto choose = [](Path path, const torch::Tensor& q, const torch::Tensor& k, double dropout,
                    bool training, bool need_weights) {
-    return d2l::detail::choose_dot_product_impl("test", impl, q, k, k, dropout, training,
+    return d2l::detail::choose_dot_product_path("test", path, q, k, k, dropout, training,
                                                 need_weights);
   };
   const int64_t long_m = d2l::detail::kSdpaMinKeysCpu;
   const auto q = torch::randn({1, 2, 4}), k_long = torch::randn({1, long_m, 4});
   const auto k_short = torch::randn({1, long_m - 1, 4});
-  const Impl sdpa_if_available = d2l::sdpa_available() ? Impl::kSdpa : Impl::kFused;
+  const Path sdpa_if_available = d2l::sdpa_available() ? Path::kSdpa : Path::kFused;
   {
     torch::NoGradGuard no_grad;
-    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, false), sdpa_if_available);
-    EXPECT_EQ(choose(Impl::kAuto, q, k_short, 0, false, false), Impl::kFused);
+    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+    EXPECT_EQ(choose(Path::kAuto, q, k_short, 0, false, false), Path::kFused);
     // Weights asked for, or dropout in training: our own paths.
-    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, true), Impl::kFused);
-    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0.1, true, false), Impl::kFused);
-    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0.1, false, false), sdpa_if_available);
-    EXPECT_EQ(choose(Impl::kComposite, q, k_long, 0, false, false), Impl::kComposite);
-    EXPECT_EQ(choose(Impl::kFused, q, k_long, 0, false, false), Impl::kFused);
+    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, true), Path::kFused);
+    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0.1, true, false), Path::kFused);
+    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0.1, false, false), sdpa_if_available);
+    EXPECT_EQ(choose(Path::kComposite, q, k_long, 0, false, false), Path::kComposite);
+    EXPECT_EQ(choose(Path::kFused, q, k_long, 0, false, false), Path::kFused);
   }
   {
     torch::InferenceMode inference;
-    EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, false), sdpa_if_available);
   }
   // While a graph is recorded on the CPU, SDPA only where its double
   // backward is tested (2.11 on); before, the fused path keeps it.
   const auto q_grad = q.clone().requires_grad_();
-  EXPECT_EQ(choose(Impl::kAuto, q_grad, k_long, 0, false, false),
-            D2L_TORCH_VERSION_AT_LEAST(2, 11) ? Impl::kSdpa : Impl::kFused);
-  EXPECT_EQ(choose(Impl::kAuto, q_grad, k_short, 0, false, false), Impl::kFused);
-  EXPECT_EQ(choose(Impl::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+  EXPECT_EQ(choose(Path::kAuto, q_grad, k_long, 0, false, false),
+            D2L_TORCH_VERSION_AT_LEAST(2, 11) ? Path::kSdpa : Path::kFused);
+  EXPECT_EQ(choose(Path::kAuto, q_grad, k_short, 0, false, false), Path::kFused);
+  EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, false), sdpa_if_available);
   if (d2l::sdpa_available()) {
-    EXPECT_EQ(choose(Impl::kSdpa, q_grad, k_short, 0, true, false), Impl::kSdpa);
-    EXPECT_EQ(choose(Impl::kSdpa, torch::randn({0, 2, 4}), k_short, 0, false, false),
-              Impl::kComposite);
+    EXPECT_EQ(choose(Path::kSdpa, q_grad, k_short, 0, true, false), Path::kSdpa);
+    EXPECT_EQ(choose(Path::kSdpa, torch::randn({0, 2, 4}), k_short, 0, false, false),
+              Path::kComposite);
   }
 }
 
@@ -222,15 +223,15 @@ TEST(Platform, ModulesWithoutWeightsRunSdpaWithTheSameNumbers) {
   const auto q = torch::randn({2, 3, 8}), k = torch::randn({2, 5, 8}), v = torch::randn({2, 5, 8});
   const auto lens = torch::tensor({3, 0});
   d2l::DotProductAttention sdpa(
-      d2l::DotProductAttentionOptions().impl(Impl::kSdpa).record_attention_weights(false));
-  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+      d2l::DotProductAttentionOptions().path(Path::kSdpa).record_attention_weights(false));
+  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
   EXPECT_LT(max_rel_error(sdpa(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
   EXPECT_FALSE(sdpa->attention_weights.defined());
 
   auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
   d2l::MultiHeadAttention mha_sdpa(
-      d2l::MultiHeadAttentionOptions(options).impl(Impl::kSdpa).record_attention_weights(false));
-  d2l::MultiHeadAttention mha_composite(d2l::MultiHeadAttentionOptions(options).impl(Impl::kComposite));
+      d2l::MultiHeadAttentionOptions(options).path(Path::kSdpa).record_attention_weights(false));
+  d2l::MultiHeadAttention mha_composite(d2l::MultiHeadAttentionOptions(options).path(Path::kComposite));
   torch::NoGradGuard no_grad;
   for (auto& p : mha_sdpa->named_parameters()) p.value().copy_(mha_composite->named_parameters()[p.key()]);
   EXPECT_LT(max_rel_error(mha_sdpa(q, k, v, lens), mha_composite(q, k, v, lens)), 2e-6);
@@ -240,11 +241,11 @@ TEST(Platform, SdpaDropoutOnlyInTraining) {
   if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
   d2l::DotProductAttention attention(
-      d2l::DotProductAttentionOptions().dropout(1.0).impl(Impl::kSdpa).record_attention_weights(false));
+      d2l::DotProductAttentionOptions().dropout(1.0).path(Path::kSdpa).record_attention_weights(false));
   attention->train();
   EXPECT_EQ(attention(q, k, v).abs().sum().item<float>(), 0);
   attention->eval();
-  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
   EXPECT_LT(max_rel_error(attention(q, k, v), composite(q, k, v)), 2e-6);
 }
 
@@ -255,17 +256,17 @@ TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   const auto q = torch::empty({2, 3, 4}, meta), k = torch::empty({2, 5, 4}, meta),
              v = torch::empty({2, 5, 2}, meta);
-  std::vector<Impl> impls = {Impl::kAuto, Impl::kComposite};
-  if (d2l::sdpa_available()) impls.push_back(Impl::kSdpa);
-  for (Impl impl : impls) {
-    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), impl); }),
+  std::vector<Path> impls = {Path::kAuto, Path::kComposite};
+  if (d2l::sdpa_available()) impls.push_back(Path::kSdpa);
+  for (Path path : impls) {
+    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), path); }),
                 HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
                           "queries (meta), got cpu"))
-        << d2l::to_string(impl);
-    EXPECT_THAT(error_message([&] { dot(q, torch::randn({2, 5, 4}), v, {}, impl); }),
+        << d2l::to_string(path);
+    EXPECT_THAT(error_message([&] { dot(q, torch::randn({2, 5, 4}), v, {}, path); }),
                 HasSubstr("d2l::dot_product_attention: keys must be on the same device as "
                           "queries (meta), got cpu"))
-        << d2l::to_string(impl);
+        << d2l::to_string(path);
   }
   d2l::DotProductAttention module(
       d2l::DotProductAttentionOptions().record_attention_weights(false));
@@ -278,8 +279,8 @@ TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
 TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(14);
-  std::vector<Impl> impls = {Impl::kAuto, Impl::kComposite};
-  if (d2l::sdpa_available()) impls.push_back(Impl::kSdpa);
+  std::vector<Path> impls = {Path::kAuto, Path::kComposite};
+  if (d2l::sdpa_available()) impls.push_back(Path::kSdpa);
   for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16}) {
     const double fwd_tol = dtype == torch::kFloat ? 1e-4 : dtype == torch::kDouble ? 1e-10 : 3e-2;
     const auto q = torch::randn({3, 9, 64}), k = torch::randn({3, 33, 64}),
@@ -287,20 +288,20 @@ TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
     for (const auto& lens : length_cases(3, 9, 33)) {
       auto ref_q = q.to(torch::kDouble).requires_grad_(), ref_k = k.to(torch::kDouble).requires_grad_(),
            ref_v = v.to(torch::kDouble).requires_grad_();
-      const auto ref = std::get<0>(dot(ref_q, ref_k, ref_v, lens, Impl::kComposite));
+      const auto ref = std::get<0>(dot(ref_q, ref_k, ref_v, lens, Path::kComposite));
       ref.sum().backward();
-      for (Impl impl : impls) {
+      for (Path path : impls) {
         auto cq = q.to(torch::kCUDA, dtype).requires_grad_(),
              ck = k.to(torch::kCUDA, dtype).requires_grad_(),
              cv = v.to(torch::kCUDA, dtype).requires_grad_();
-        const auto out = std::get<0>(dot(cq, ck, cv, lens.defined() ? lens.cuda() : lens, impl,
-                                         /*need_weights=*/impl != Impl::kSdpa));
+        const auto out = std::get<0>(dot(cq, ck, cv, lens.defined() ? lens.cuda() : lens, path,
+                                         /*need_weights=*/path != Path::kSdpa));
         ASSERT_TRUE(out.is_cuda());
-        EXPECT_LT(max_rel_error(out, ref), fwd_tol) << d2l::to_string(impl) << " " << dtype;
+        EXPECT_LT(max_rel_error(out, ref), fwd_tol) << d2l::to_string(path) << " " << dtype;
         out.sum().backward();
-        EXPECT_LT(max_rel_error(cq.grad(), ref_q.grad()), 10 * fwd_tol) << d2l::to_string(impl);
-        EXPECT_LT(max_rel_error(ck.grad(), ref_k.grad()), 10 * fwd_tol) << d2l::to_string(impl);
-        EXPECT_LT(max_rel_error(cv.grad(), ref_v.grad()), 10 * fwd_tol) << d2l::to_string(impl);
+        EXPECT_LT(max_rel_error(cq.grad(), ref_q.grad()), 10 * fwd_tol) << d2l::to_string(path);
+        EXPECT_LT(max_rel_error(ck.grad(), ref_k.grad()), 10 * fwd_tol) << d2l::to_string(path);
+        EXPECT_LT(max_rel_error(cv.grad(), ref_v.grad()), 10 * fwd_tol) << d2l::to_string(path);
       }
     }
   }
@@ -310,12 +311,12 @@ TEST(PlatformCuda, MixedDevicesAreClearErrors) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto q = torch::randn({2, 3, 4}).cuda(), k = torch::randn({2, 5, 4}).cuda(),
              v = torch::randn({2, 5, 2}).cuda();
-  for (Impl impl : {Impl::kAuto, Impl::kComposite, Impl::kSdpa}) {
-    if (impl == Impl::kSdpa && !d2l::sdpa_available()) continue;
-    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), impl); }),
+  for (Path path : {Path::kAuto, Path::kComposite, Path::kSdpa}) {
+    if (path == Path::kSdpa && !d2l::sdpa_available()) continue;
+    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), path); }),
                 HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
                           "queries (cuda:0), got cpu"));
-    EXPECT_THAT(error_message([&] { dot(q, k.cpu(), v, {}, impl); }),
+    EXPECT_THAT(error_message([&] { dot(q, k.cpu(), v, {}, path); }),
                 HasSubstr("keys must be on the same device as queries (cuda:0), got cpu"));
   }
 }
@@ -332,15 +333,15 @@ TEST(Platform, SdpaDoubleBackwardMatchesComposite) {
   for (auto dtype : {torch::kDouble, torch::kFloat}) {
     const auto q0 = torch::randn({2, 3, 4}, dtype), k0 = torch::randn({2, 5, 4}, dtype),
                v0 = torch::randn({2, 5, 2}, dtype);
-    auto second = [&](Impl impl) {
+    auto second = [&](Path path) {
       auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
            v = v0.clone().requires_grad_();
-      const auto out = std::get<0>(dot(q, k, v, torch::tensor({2, 0}), impl));
+      const auto out = std::get<0>(dot(q, k, v, torch::tensor({2, 0}), path));
       const auto g = torch::autograd::grad({out.pow(2).sum()}, {q, k, v}, {}, true, true);
       (g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()).backward();
       return std::vector<torch::Tensor>{q.grad(), k.grad(), v.grad()};
     };
-    const auto sdpa = second(Impl::kSdpa), composite = second(Impl::kComposite);
+    const auto sdpa = second(Path::kSdpa), composite = second(Path::kComposite);
     for (int i = 0; i < 3; ++i) {
       EXPECT_LT(max_rel_error(sdpa[i], composite[i]), dtype == torch::kDouble ? 1e-10 : 1e-4)
           << c10::toString(dtype) << " input " << i;

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <d2l/masked_softmax.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -95,6 +97,13 @@ inline double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
   const auto y = b.detach().to(torch::kCPU, torch::kDouble);
   if (x.numel() == 0) return 0;
   return ((x - y).abs() / y.abs().clamp_min(1)).max().item<double>();
+}
+
+/// d2l::masked_softmax by one path, as a function of (X, valid_lens).
+inline auto masked_softmax_by(d2l::Path path) {
+  return [path](const torch::Tensor& X, const torch::Tensor& valid_lens) {
+    return d2l::masked_softmax(X, valid_lens, path);
+  };
 }
 
 }  // namespace d2l::testing

@@ -10,25 +10,11 @@
 
 #include <d2l/backend.h>
 
-#include <memory>
-#include <mutex>
 #include <tuple>
 
 #include <cstdint>
 
 namespace d2l {
-
-class AdditiveAttentionImpl;
-namespace detail {
-/// Internal, not part of the API: AdditiveAttention::forward after its checks
-/// and projections. Returns (output, attention weights) and records the
-/// weights in the module if its options say so. Apart from forward so that a
-/// decoder can project its keys once per sequence and reuse them at every step.
-std::tuple<torch::Tensor, torch::Tensor> additive_attention_nocheck(
-    AdditiveAttentionImpl& attention, const torch::Tensor& projected_queries,
-    const torch::Tensor& projected_keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens);
-}  // namespace detail
 
 struct AdditiveAttentionOptions {
   AdditiveAttentionOptions(int64_t key_size, int64_t query_size, int64_t num_hiddens);
@@ -42,10 +28,12 @@ struct AdditiveAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Fused CPU kernel, the book's composite ops, or the best for the device
   /// (on CUDA: scores by blocks of queries, so memory stays bounded).
-  TORCH_ARG(Impl, impl) = Impl::kAuto;
+  TORCH_ARG(Path, path) = Path::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
   /// turn off in inference servers to save the memory and the lock.
   TORCH_ARG(bool, record_attention_weights) = true;
+
+  D2L_DEPRECATED_IMPL_OPTION(AdditiveAttentionOptions)
 };
 
 namespace functional {
@@ -56,12 +44,25 @@ namespace functional {
 /// and the chunked path (other devices) recompute tanh in backward.
 torch::Tensor additive_scores(const torch::Tensor& projected_queries,
                               const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                              Impl impl = Impl::kAuto);
+                              Path path = Path::kAuto);
+
+/// The book's additive attention: weights = masked_softmax(w_vᵀ tanh(W_q q_i +
+/// W_k k_j), valid_lens), output = dropout(weights) V. `queries` (B, n,
+/// query_size), `keys` (B, m, key_size), `values` (B, m, v); `W_q` (h,
+/// query_size), `W_k` (h, key_size) and `w_v` (1, h) are the weights of the
+/// three bias-free Linear layers. Returns (output (B, n, v), attention_weights
+/// (B, n, m) before dropout, or undefined when `need_weights` is false).
+std::tuple<torch::Tensor, torch::Tensor> additive_attention(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
+    const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
+    Path path = Path::kAuto, bool need_weights = true);
 }  // namespace functional
 
 /// d2l's `AdditiveAttention`: queries (B, n, query_size), keys (B, m, key_size),
 /// values (B, m, v) -> (B, n, v). Parameters are named exactly as in the book's
-/// state_dict: `W_k.weight`, `W_q.weight`, `w_v.weight`.
+/// state_dict: `W_k.weight`, `W_q.weight`, `w_v.weight`. `forward` is
+/// functional::additive_attention with the module's weights and options.
 class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl> {
  public:
   AdditiveAttentionImpl(int64_t key_size, int64_t query_size, int64_t num_hiddens,
@@ -79,19 +80,12 @@ class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl>
   torch::nn::Linear W_q{nullptr};
   torch::nn::Linear w_v{nullptr};
   torch::nn::Dropout dropout{nullptr};
-  /// Weights of the last forward call, (B, n, m), before dropout. Concurrent
-  /// forward calls are safe: each stores its weights under a lock, and the
-  /// member holds one of them afterwards; read it only when no forward runs.
+  /// Weights of the last forward call, (B, n, m), before dropout. Shared
+  /// modules are safe to call from many threads (README, "Threads").
   torch::Tensor attention_weights;
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
-
- private:
-  friend std::tuple<torch::Tensor, torch::Tensor> detail::additive_attention_nocheck(
-      AdditiveAttentionImpl&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-      const torch::Tensor&);
-  std::shared_ptr<std::mutex> record_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(AdditiveAttention);
 

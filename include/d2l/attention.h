@@ -7,9 +7,10 @@
 #include <d2l/heatmap.h>
 #include <d2l/backend.h>
 #include <d2l/torch_version.h>
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/nadaraya_watson.h>
 #include <d2l/plot.h>
+#include <d2l/sequence_mask.h>
 #include <d2l/seq2seq.h>
 #include <d2l/version.h>

@@ -4,8 +4,10 @@
 
 namespace d2l {
 
-/// Which implementation an attention function or module runs.
-enum class Impl {
+/// Which implementation ("path") an attention function or module runs: the
+/// `path` argument of every function and the `path` option of every module
+/// (README, "Choosing a path").
+enum class Path {
   /// The fastest correct path for the inputs (README, "Choosing a path"):
   /// the fused kernels on the CPU, the composite path elsewhere (CUDA:
   /// composite softmax, chunked additive scores); for dot-product attention
@@ -24,8 +26,21 @@ enum class Impl {
   kSdpa,
 };
 
+/// The name of Path before 0.2, kept for one release.
+using Impl [[deprecated("d2l::Impl is now d2l::Path (and the `impl` options are `path`)")]] = Path;
+
 /// "auto", "composite", "fused" or "sdpa".
-std::string to_string(Impl impl);
+std::string to_string(Path path);
+
+/// Inside an options struct that has `TORCH_ARG(Path, path)`: the option's
+/// name before 0.2, `impl`, as a deprecated alias kept for one release.
+/// (TORCH_ARG leaves the access private.)
+#define D2L_DEPRECATED_IMPL_OPTION(Options)                                   \
+ public:                                                                      \
+  [[deprecated("the `impl` option is now `path`")]] Options& impl(Path p) { \
+    return path(p);                                                          \
+  }                                                                          \
+  [[deprecated("the `impl` option is now `path`")]] Path impl() const { return path(); }
 
 /// Instruction sets the fused CPU kernels are compiled for: generic C++
 /// (what the compiler makes of it for the baseline x86-64), AVX2 + FMA (8

@@ -9,9 +9,6 @@
 
 #include <d2l/backend.h>
 
-#include <memory>
-#include <mutex>
-
 #include <tuple>
 
 namespace d2l {
@@ -19,28 +16,32 @@ namespace d2l {
 struct DotProductAttentionOptions {
   /// Probability of zeroing an attention weight during training.
   TORCH_ARG(double, dropout) = 0.0;
-  /// Fused CPU kernel, the book's composite ops, or the best for the device.
-  TORCH_ARG(Impl, impl) = Impl::kAuto;
+  /// Fused CPU kernel, the book's composite ops, LibTorch's SDPA, or the best
+  /// for the inputs (Path).
+  TORCH_ARG(Path, path) = Path::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
   /// turn off in inference servers to save the memory and the lock. Off,
-  /// Impl::kAuto may run LibTorch's scaled_dot_product_attention (Impl).
+  /// Path::kAuto may run LibTorch's scaled_dot_product_attention (Path).
   TORCH_ARG(bool, record_attention_weights) = true;
+
+  D2L_DEPRECATED_IMPL_OPTION(DotProductAttentionOptions)
 };
 
 namespace functional {
 /// Scaled dot-product attention, softmax(Q Kᵀ / √d) V with masking by
 /// `valid_lens` ((batch) or (batch, queries)). Returns (output, attention_weights);
 /// the weights are those before dropout, as the book stores them. With
-/// `need_weights` false the weights are undefined, and Impl::kAuto may run
-/// LibTorch's scaled_dot_product_attention (Impl).
+/// `need_weights` false the weights are undefined, and Path::kAuto may run
+/// LibTorch's scaled_dot_product_attention (Path).
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
-    Impl impl = Impl::kAuto, bool need_weights = true);
+    Path path = Path::kAuto, bool need_weights = true);
 }  // namespace functional
 
 /// d2l's `DotProductAttention`: queries (B, n, d), keys (B, m, d), values (B, m, v)
-/// -> (B, n, v).
+/// -> (B, n, v). `forward` is functional::dot_product_attention with the
+/// module's dropout and options.
 class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionImpl> {
  public:
   explicit DotProductAttentionImpl(double dropout);
@@ -54,16 +55,12 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
 
   DotProductAttentionOptions options;
   torch::nn::Dropout dropout{nullptr};
-  /// Weights of the last forward call, (B, n, m), before dropout. Concurrent
-  /// forward calls are safe: each stores its weights under a lock, and the
-  /// member holds one of them afterwards; read it only when no forward runs.
+  /// Weights of the last forward call, (B, n, m), before dropout. Shared
+  /// modules are safe to call from many threads (README, "Threads").
   torch::Tensor attention_weights;
 
  protected:
   FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
-
- private:
-  std::shared_ptr<std::mutex> record_mutex_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE(DotProductAttention);
 

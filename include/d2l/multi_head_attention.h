@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <tuple>
 
 namespace d2l {
 
@@ -30,12 +31,14 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Whether the four projections have biases.
   TORCH_ARG(bool, bias) = false;
-  /// Path of the inner DotProductAttention (DotProductAttentionOptions::impl).
-  TORCH_ARG(Impl, impl) = Impl::kAuto;
+  /// Path of the inner DotProductAttention (DotProductAttentionOptions::path).
+  TORCH_ARG(Path, path) = Path::kAuto;
   /// Whether the inner DotProductAttention keeps the per-head weights of the
   /// last call in `attention->attention_weights`; off for concurrent use
   /// (DotProductAttentionOptions::record_attention_weights).
   TORCH_ARG(bool, record_attention_weights) = true;
+
+  D2L_DEPRECATED_IMPL_OPTION(MultiHeadAttentionOptions)
 };
 
 /// Splits the features of `X` (B, n, num_hiddens) into heads:
@@ -45,10 +48,52 @@ torch::Tensor transpose_qkv(const torch::Tensor& X, int64_t num_heads);
 /// Inverse of transpose_qkv: (B * num_heads, n, d) -> (B, n, num_heads * d).
 torch::Tensor transpose_output(const torch::Tensor& X, int64_t num_heads);
 
+namespace functional {
+
+/// The weights and settings of functional::multi_head_attention. The four
+/// projections are given as Linear weights (out_features, in_features):
+/// W_q (h, query_size), W_k (h, key_size), W_v (h, value_size), W_o (h, h),
+/// with h = num_hiddens; biases are (h) or undefined (no bias).
+struct MultiHeadAttentionFuncOptions {
+  MultiHeadAttentionFuncOptions(int64_t num_heads, torch::Tensor W_q, torch::Tensor W_k,
+                                torch::Tensor W_v, torch::Tensor W_o);
+  /// Number of heads; h must be a multiple of it.
+  TORCH_ARG(int64_t, num_heads);
+  TORCH_ARG(torch::Tensor, W_q);
+  TORCH_ARG(torch::Tensor, W_k);
+  TORCH_ARG(torch::Tensor, W_v);
+  TORCH_ARG(torch::Tensor, W_o);
+  TORCH_ARG(torch::Tensor, b_q) = {};
+  TORCH_ARG(torch::Tensor, b_k) = {};
+  TORCH_ARG(torch::Tensor, b_v) = {};
+  TORCH_ARG(torch::Tensor, b_o) = {};
+  /// Probability of zeroing an attention weight when `training`.
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(bool, training) = false;
+  /// Path of the per-head dot-product attention.
+  TORCH_ARG(Path, path) = Path::kAuto;
+  /// Whether to return the per-head weights (off, Path::kAuto may run SDPA).
+  TORCH_ARG(bool, need_weights) = true;
+};
+
+/// The book's multi-head attention: project queries (B, n, query_size), keys
+/// (B, m, key_size) and values (B, m, value_size), split the h features into
+/// num_heads heads, run dot-product attention per head with `valid_lens` ((B)
+/// or (B, n)) repeated for each head, join the heads and project by W_o.
+/// Returns (output (B, n, h), per-head attention_weights (B * num_heads, n, m),
+/// undefined when `need_weights` is false).
+std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens, const MultiHeadAttentionFuncOptions& options);
+
+}  // namespace functional
+
 /// d2l's `MultiHeadAttention`: queries (B, n, query_size), keys (B, m, key_size),
 /// values (B, m, value_size), valid_lens (B) or (B, n) -> (B, n, num_hiddens).
 /// Parameters are named as in the book's state_dict: `W_q.weight`, `W_k.weight`,
-/// `W_v.weight`, `W_o.weight` (and `.bias` of each with bias=true).
+/// `W_v.weight`, `W_o.weight` (and `.bias` of each with bias=true). `forward`
+/// is functional::multi_head_attention with the module's weights, and the
+/// dropout and options of its inner `attention`.
 class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl> {
  public:
   MultiHeadAttentionImpl(int64_t key_size, int64_t query_size, int64_t value_size,

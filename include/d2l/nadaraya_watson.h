@@ -42,7 +42,8 @@ class NWKernelRegressionImpl : public torch::nn::Cloneable<NWKernelRegressionImp
                         const torch::Tensor& values);
 
   torch::Tensor w;
-  /// Weights of the last forward call, (n_q, n_k).
+  /// Weights of the last forward call, (n_q, n_k). Shared modules are safe
+  /// to call from many threads (README, "Threads").
   torch::Tensor attention_weights;
 };
 TORCH_MODULE(NWKernelRegression);

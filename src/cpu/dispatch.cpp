@@ -1,3 +1,6 @@
+// Which instruction set the CPU kernels run with (d2l::cpu_isa), and the
+// kernel tables of that set (Note [CPU kernels per instruction set]).
+
 #include <d2l/backend.h>
 
 #include <c10/util/Exception.h>
@@ -7,7 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cpu/kernels.h"
+#include "cpu/additive_attention_kernel.h"
+#include "cpu/masked_softmax_kernel.h"
 
 namespace d2l {
 namespace {
@@ -78,41 +82,37 @@ std::string to_string(CpuIsa isa) {
 }
 
 namespace cpu {
+namespace {
 
-template <typename T>
-const KernelTable<T>& table_for(CpuIsa isa);
+// The table of `isa` among the compiled variants (nullptr: not built).
+template <typename Table>
+const Table& pick(const Table& (*default_table)(), const Table& (*avx2)(),
+                  const Table& (*avx512)()) {
+  const CpuIsa isa = cpu_isa();
+  if (isa == CpuIsa::kAvx512 && avx512 != nullptr) return avx512();
+  if (isa == CpuIsa::kAvx2 && avx2 != nullptr) return avx2();
+  return default_table();
+}
 
-template <>
-const KernelTable<float>& table_for<float>(CpuIsa isa) {
-#ifdef D2L_HAVE_AVX512_KERNELS
-  if (isa == CpuIsa::kAvx512) return AVX512::float_kernels();
-#endif
+}  // namespace
+
 #ifdef D2L_HAVE_AVX2_KERNELS
-  if (isa == CpuIsa::kAvx2) return AVX2::float_kernels();
+#define D2L_AVX2(getter) &AVX2::getter
+#else
+#define D2L_AVX2(getter) nullptr
 #endif
-  return DEFAULT::float_kernels();
-}
-
-template <>
-const KernelTable<double>& table_for<double>(CpuIsa isa) {
 #ifdef D2L_HAVE_AVX512_KERNELS
-  if (isa == CpuIsa::kAvx512) return AVX512::double_kernels();
+#define D2L_AVX512(getter) &AVX512::getter
+#else
+#define D2L_AVX512(getter) nullptr
 #endif
-#ifdef D2L_HAVE_AVX2_KERNELS
-  if (isa == CpuIsa::kAvx2) return AVX2::double_kernels();
-#endif
-  return DEFAULT::double_kernels();
-}
+#define D2L_DEFINE_CPU_DISPATCH(Table, getter)                                         \
+  const Table& getter() {                                                              \
+    return pick<Table>(&DEFAULT::getter, D2L_AVX2(getter), D2L_AVX512(getter));        \
+  }
 
-template <>
-const KernelTable<float>& kernels<float>() {
-  return table_for<float>(cpu_isa());
-}
-
-template <>
-const KernelTable<double>& kernels<double>() {
-  return table_for<double>(cpu_isa());
-}
+D2L_DEFINE_CPU_DISPATCH(MaskedSoftmaxKernels, masked_softmax_kernels)
+D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 
 }  // namespace cpu
 }  // namespace d2l

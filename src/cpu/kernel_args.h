@@ -1,10 +1,12 @@
 #pragma once
 
-// Argument plumbing shared by the autograd functions around the CPU kernels.
+// How the op layer and the autograd functions prepare tensors for the CPU
+// kernels, which compute in float or double on contiguous memory and take
+// lengths as int64.
 
 #include <torch/types.h>
 
-#include "cpu/kernels.h"
+#include <cstdint>
 
 namespace d2l::detail {
 
@@ -33,12 +35,6 @@ inline torch::Tensor lengths_arg(const torch::Tensor& valid_lens) {
 /// `t` in `dtype`, without a dispatcher round trip when it already is.
 inline torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType dtype) {
   return t.scalar_type() == dtype ? t : t.to(dtype);
-}
-
-/// Per-row view of a lengths_arg tensor for rows of `queries` queries each.
-inline cpu::RowLengths row_lengths(const torch::Tensor& lens, int64_t queries) {
-  if (lens.numel() == 0) return {};
-  return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1};
 }
 
 }  // namespace d2l::detail

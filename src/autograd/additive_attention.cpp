@@ -1,4 +1,5 @@
-// Additive attention scores that never hold the (B, n, m, h) tensor:
+// Additive attention scores as autograd functions that never hold the
+// (B, n, m, h) features:
 // - AdditiveFunction: the fused CPU kernel (optionally with the masked
 //   softmax folded in), backward recomputing tanh;
 // - ChunkedAdditiveFunction: ATen ops over blocks of queries, for any device,
@@ -6,10 +7,11 @@
 
 #include <torch/autograd.h>
 
-#include <fmt/format.h>
+#include <algorithm>
 
-#include "autograd/common.h"
-#include "internal.h"
+#include "additive_attention.h"
+#include "cpu/additive_attention_kernel.h"
+#include "cpu/kernel_args.h"
 
 namespace d2l::detail {
 namespace {
@@ -17,11 +19,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-cpu::AdditiveShape shape_of(const torch::Tensor& q, const torch::Tensor& kT, int64_t m) {
-  return {q.size(0), q.size(1), m, q.size(2), kT.size(2)};
-}
-
-// Keys as (B, h, m_pad), zero-padded to whole vectors (see cpu::AdditiveShape).
+// Keys as (B, h, m_pad), zero-padded to whole vectors (AdditiveAttentionKernels).
 torch::Tensor transposed_keys(const torch::Tensor& k, int64_t vector_size) {
   const int64_t m = k.size(1);
   const int64_t m_pad = (m + vector_size - 1) / vector_size * vector_size;
@@ -35,38 +33,27 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
                                const torch::Tensor& keys, const torch::Tensor& w_v,
                                const torch::Tensor& lens, bool softmax) {
     const auto q = compute_type(queries), w = compute_type(w_v);
-    const int64_t m = keys.size(1);
-    torch::Tensor kT, out = torch::empty({q.size(0), q.size(1), m}, q.options());
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
-      const auto& kernels = cpu::kernels<scalar_t>();
-      kT = transposed_keys(as_dtype(keys, q.scalar_type()), kernels.vector_size);
-      kernels.additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(),
-                               w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                               shape_of(q, kT, m), row_lengths(lens, q.size(1)), softmax);
-    });
+    const auto& kernels = cpu::additive_attention_kernels();
+    const auto kT = transposed_keys(as_dtype(keys, q.scalar_type()),
+                                    kernels.vector_size(q.scalar_type()));
+    auto out = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
+    kernels.forward(q, kT, w, out, lens, softmax);
     ctx->save_for_backward({q, kT, w, out, lens});
     ctx->saved_data["softmax"] = softmax;
-    ctx->saved_data["m"] = m;
     return as_dtype(out, queries.scalar_type());
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     TORCH_CHECK(!torch::GradMode::is_enabled(),
                 "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
-                "Impl::kComposite when you need create_graph=true");
+                "Path::kComposite when you need create_graph=true");
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &kT = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
     const bool softmax = ctx->saved_data["softmax"].toBool();
-    const int64_t m = ctx->saved_data["m"].toInt();
+    const int64_t m = out.size(2);
     const auto dout = as_dtype(grads[0], q.scalar_type()).contiguous();
     auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
-    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
-      cpu::kernels<scalar_t>().additive_backward(
-          q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-          out.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
-          dkT.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), shape_of(q, kT, m),
-          row_lengths(lens, q.size(1)), softmax);
-    });
+    cpu::additive_attention_kernels().backward(q, kT, w, out, dout, dq, dkT, dw, lens, softmax);
     const auto dtype = grads[0].scalar_type();
     return {as_dtype(dq, dtype), as_dtype(dkT.narrow(2, 0, m).transpose(1, 2), dtype),
             as_dtype(dw, dtype), torch::Tensor(), torch::Tensor()};
@@ -102,7 +89,7 @@ struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFuncti
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     TORCH_CHECK(!torch::GradMode::is_enabled(),
                 "d2l::additive_scores: the chunked path has no double backward; use "
-                "Impl::kComposite when you need create_graph=true");
+                "Path::kComposite when you need create_graph=true");
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &w = saved[2];
     const auto& ds = grads[0];
@@ -123,21 +110,15 @@ struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFuncti
 
 }  // namespace
 
-torch::Tensor fused_additive(const torch::Tensor& projected_queries,
-                             const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                             const torch::Tensor& valid_lens, bool softmax) {
-  TORCH_CHECK(projected_queries.device().is_cpu(),
-              fmt::format("d2l::additive_attention: the fused kernel runs on the CPU, got "
-                          "tensors on {}; use Impl::kAuto to pick a path for the device",
-                          projected_queries.device().str()));
-  const auto lens = lengths_arg(valid_lens);
-  return AdditiveFunction::apply(projected_queries, projected_keys, w_v.reshape({-1}), lens,
-                                 softmax);
+torch::Tensor additive_autograd(const torch::Tensor& projected_queries,
+                                const torch::Tensor& projected_keys, const torch::Tensor& w,
+                                const torch::Tensor& lens, bool softmax) {
+  return AdditiveFunction::apply(projected_queries, projected_keys, w, lens, softmax);
 }
 
-torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v, int64_t chunk_bytes) {
+torch::Tensor chunked_additive_autograd(const torch::Tensor& projected_queries,
+                                        const torch::Tensor& projected_keys,
+                                        const torch::Tensor& w_v, int64_t chunk_bytes) {
   return ChunkedAdditiveFunction::apply(projected_queries, projected_keys, w_v, chunk_bytes);
 }
 

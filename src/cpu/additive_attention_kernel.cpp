@@ -1,31 +1,28 @@
-// Fused CPU kernels: masked softmax and additive attention scores.
-//
-// Compiled once per instruction set with -DCPU_CAPABILITY=<isa> (see
-// src/CMakeLists.txt), like ATen's native/cpu kernels. Work is split over
-// independent rows with at::parallel_for; no tensor is created in here.
+// The fused additive attention scores w_vᵀ tanh(q_i + k_j), optionally with
+// the masked softmax folded in, forward and backward (recomputing tanh).
+// Compiled once per instruction set (Note [CPU kernels per instruction set]).
 
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
-#include <cmath>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
-#include "cpu/kernels.h"
+#include "cpu/additive_attention_kernel.h"
+#include "cpu/vec_helpers-inl.h"
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
-using at::vec::Vectorized;
+/// Shapes of one additive-attention problem (AdditiveAttentionKernels).
+struct AdditiveShape {
+  int64_t B, n, m, h, m_pad;
+};
 
-// Rows of about this many element-operations make one parallel task.
-constexpr int64_t kGrain = 32768;
-
-int64_t grain_for(int64_t cost_per_row) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, cost_per_row));
+AdditiveShape shape_of(const at::TensorBase& q, const at::TensorBase& kT,
+                       const at::TensorBase& out) {
+  return {q.size(0), q.size(1), out.size(2), q.size(2), kT.size(2)};
 }
 
 // tanh(x) = x P(x²) / Q(x²) on |x| <= 7.905 (beyond it tanh rounds to ±1 in
@@ -64,131 +61,6 @@ void tanh_kernel(const T* x, T* y, int64_t n) {
     int64_t i = begin;
     for (; i + V::size() <= end; i += V::size()) vec_tanh(V::loadu(x + i)).store(y + i);
     if (i < end) vec_tanh(V::loadu(x + i, end - i)).store(y + i, end - i);
-  });
-}
-
-// The last, partial vector of a row's first L entries. When the row has room
-// for a whole vector past position j (room >= size), it is loaded whole, which
-// is far cheaper than a partial load; callers blend away lanes r.. with
-// Vectorized::set before using them, so masked entries never count.
-template <typename T>
-Vectorized<T> load_tail(const T* p, int64_t r, int64_t room) {
-  return room >= Vectorized<T>::size() ? Vectorized<T>::loadu(p) : Vectorized<T>::loadu(p, r);
-}
-
-template <typename T>
-void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
-  if (room >= Vectorized<T>::size()) {
-    v.store(p);
-  } else {
-    v.store(p, r);
-  }
-}
-
-// Horizontal sum and max of one vector. ATen's vec_reduce_all does log-free
-// shuffles through memory in a loop; per row that costs more than the row.
-template <typename T>
-T horizontal_sum(const Vectorized<T>& v) {
-  T lanes[Vectorized<T>::size()];
-  v.store(lanes);
-  T sum = lanes[0];
-  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) sum += lanes[i];
-  return sum;
-}
-
-template <typename T>
-T horizontal_max(const Vectorized<T>& v) {
-  T lanes[Vectorized<T>::size()];
-  v.store(lanes);
-  T mx = lanes[0];
-  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) {
-    mx = (std::isnan(mx) || mx > lanes[i]) && !std::isnan(lanes[i]) ? mx : lanes[i];
-  }
-  return mx;
-}
-
-template <typename T>
-T row_max(const T* x, int64_t L, int64_t m) {
-  using V = Vectorized<T>;
-  const V lowest(-std::numeric_limits<T>::infinity());
-  V vmax = lowest;
-  int64_t j = 0;
-  for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
-  if (j < L) vmax = at::vec::maximum(vmax, V::set(lowest, load_tail(x + j, L - j, m - j), L - j));
-  return horizontal_max(vmax);
-}
-
-// One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
-// entries never reach a sum or an output lane, so whatever they hold (inf,
-// NaN) cannot leak.
-template <typename T>
-void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
-  using V = Vectorized<T>;
-  std::fill(y + L, y + m, T(0));
-  if (L == 0) return;
-  const T mx = row_max(x, L, m);
-  const V vmax(mx), vscale(scale);
-  V vsum(0);
-  int64_t j = 0;
-  for (; j + V::size() <= L; j += V::size()) {
-    const V e = ((V::loadu(x + j) - vmax) * vscale).exp();
-    e.store(y + j);
-    vsum = vsum + e;
-  }
-  const int64_t r = L - j;
-  if (r > 0) {
-    const V e = V::set(V(0), ((load_tail(x + j, r, m - j) - vmax) * vscale).exp(), r);
-    store_tail(e, y + j, r, m - j);
-    vsum = vsum + e;
-  }
-  const V inv(T(1) / horizontal_sum(vsum));
-  for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
-  // Lanes past L hold zeros, but 0 * inv is NaN when the valid scores are all
-  // -inf (or hold +inf or NaN): blend them back to exact zeros.
-  if (r > 0) store_tail(V::set(V(0), load_tail(y + j, r, m - j) * inv, r), y + j, r, m - j);
-}
-
-// dx = scale * y * (dy - <dy, y>) on the valid entries, zeros after them.
-// dy's masked entries (possibly inf or NaN) are blended away before use.
-template <typename T>
-void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, T scale) {
-  using V = Vectorized<T>;
-  std::fill(dx + L, dx + m, T(0));
-  V vdot(0);
-  int64_t j = 0;
-  for (; j + V::size() <= L; j += V::size()) {
-    vdot = at::vec::fmadd(V::loadu(y + j), V::loadu(dy + j), vdot);
-  }
-  const int64_t r = L - j;
-  if (r > 0) {
-    const V prod = load_tail(y + j, r, m - j) * load_tail(dy + j, r, m - j);
-    vdot = vdot + V::set(V(0), prod, r);
-  }
-  const V dot(horizontal_sum(vdot));
-  const V vscale(scale);
-  for (j = 0; j + V::size() <= L; j += V::size()) {
-    (vscale * V::loadu(y + j) * (V::loadu(dy + j) - dot)).store(dx + j);
-  }
-  if (r > 0) {
-    const V g = vscale * load_tail(y + j, r, m - j) * (load_tail(dy + j, r, m - j) - dot);
-    store_tail(V::set(V(0), g, r), dx + j, r, m - j);
-  }
-}
-
-template <typename T>
-void softmax_forward(const T* x, T* y, int64_t rows, int64_t m, RowLengths lens, T scale) {
-  at::parallel_for(0, rows, grain_for(m), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) softmax_row(x + r * m, y + r * m, lens.at(r, m), m, scale);
-  });
-}
-
-template <typename T>
-void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t m, RowLengths lens,
-                      T scale) {
-  at::parallel_for(0, rows, grain_for(2 * m), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      softmax_backward_row(y + r * m, dy + r * m, dx + r * m, lens.at(r, m), m, scale);
-    }
   });
 }
 
@@ -336,21 +208,43 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   }
 }
 
-template <typename T>
-KernelTable<T> make_table() {
-  return {&softmax_forward<T>, &softmax_backward<T>, &additive_forward<T>,
-          &additive_backward<T>, &tanh_kernel<T>, Vectorized<T>::size()};
+void forward(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+             const at::TensorBase& out, const at::TensorBase& lens, bool softmax) {
+  const AdditiveShape s = shape_of(q, kT, out);
+  const RowLengths L = row_lengths(lens, s.n);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
+    additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                     out.data_ptr<scalar_t>(), s, L, softmax);
+  });
+}
+
+void backward(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+              const at::TensorBase& y, const at::TensorBase& dout, const at::TensorBase& dq,
+              const at::TensorBase& dkT, const at::TensorBase& dw, const at::TensorBase& lens,
+              bool softmax) {
+  const AdditiveShape s = shape_of(q, kT, y);
+  const RowLengths L = row_lengths(lens, s.n);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
+    additive_backward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                      y.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
+                      dkT.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), s, L, softmax);
+  });
+}
+
+void tanh_tensor(const at::TensorBase& x, const at::TensorBase& y) {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "d2l::tanh", [&] {
+    tanh_kernel(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.numel());
+  });
+}
+
+int64_t vector_size(c10::ScalarType dtype) {
+  return dtype == c10::kDouble ? Vectorized<double>::size() : Vectorized<float>::size();
 }
 
 }  // namespace
 
-const KernelTable<float>& float_kernels() {
-  static const KernelTable<float> table = make_table<float>();
-  return table;
-}
-
-const KernelTable<double>& double_kernels() {
-  static const KernelTable<double> table = make_table<double>();
+const AdditiveAttentionKernels& additive_attention_kernels() {
+  static const AdditiveAttentionKernels table{&forward, &backward, &tanh_tensor, &vector_size};
   return table;
 }
 

@@ -1,0 +1,54 @@
+#pragma once
+
+// Additive attention's layers, for the modules built on it: checks, paths
+// and the module in additive_attention.cpp, the autograd functions in
+// autograd/additive_attention.cpp, the kernel in
+// cpu/additive_attention_kernel.cpp.
+
+#include <torch/types.h>
+
+#include <d2l/backend.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace d2l::detail {
+
+/// functional::additive_scores without the argument checks.
+torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v, Path path = Path::kAuto);
+
+/// Masked softmax of the additive scores, by the path `path` asks for.
+torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
+                                       const torch::Tensor& projected_keys,
+                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+                                       Path path = Path::kAuto);
+
+/// Additive attention after the checks and the projections: (output, weights
+/// before dropout). Apart so that a decoder can project its keys once per
+/// sequence and reuse them at every step.
+std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
+    const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
+    const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+    double dropout, bool training, Path path);
+
+/// Additive scores by blocks of queries with ATen ops (any device), backward
+/// recomputing tanh: memory stays bounded by a block's features.
+/// `chunk_bytes` bounds one block's (B, c, m, h) features.
+torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
+                                      const torch::Tensor& projected_keys,
+                                      const torch::Tensor& w_v,
+                                      int64_t chunk_bytes = int64_t{64} << 20);
+
+/// The autograd functions (autograd/additive_attention.cpp): the fused CPU
+/// kernel (scores, or with `softmax` their masked softmax; `w` flat (h),
+/// `lens` from lengths_arg) and the chunked ATen path.
+torch::Tensor additive_autograd(const torch::Tensor& projected_queries,
+                                const torch::Tensor& projected_keys, const torch::Tensor& w,
+                                const torch::Tensor& lens, bool softmax);
+torch::Tensor chunked_additive_autograd(const torch::Tensor& projected_queries,
+                                        const torch::Tensor& projected_keys,
+                                        const torch::Tensor& w_v, int64_t chunk_bytes);
+
+}  // namespace d2l::detail

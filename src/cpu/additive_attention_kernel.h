@@ -1,0 +1,39 @@
+#pragma once
+
+// The fused additive attention's CPU kernels (additive_attention_kernel.cpp;
+// see Note [CPU kernels per instruction set] in dispatch.h).
+
+#include <ATen/core/TensorBase.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+#include "cpu/dispatch.h"
+
+namespace d2l::cpu {
+
+/// Shapes: q (B, n, h), kT (B, h, m_pad), w (h), out and y (B, n, m). Keys
+/// come transposed and zero-padded to m_pad, a multiple of vector_size, so
+/// that every vector load is a full one. Every tensor contiguous, one dtype
+/// (float or double); `lens` as in MaskedSoftmaxKernels.
+struct AdditiveAttentionKernels {
+  /// out[b, i, j] = sum_c w[c] tanh(q[b, i, c] + kT[b, c, j]); with
+  /// `softmax`, out holds the masked softmax of those scores instead.
+  void (*forward)(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+                  const at::TensorBase& out, const at::TensorBase& lens, bool softmax);
+  /// Gradients of forward with respect to q, kT and w, recomputing tanh. `y`
+  /// is forward's output (used when `softmax`). dq, dkT and dw are overwritten.
+  void (*backward)(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+                   const at::TensorBase& y, const at::TensorBase& dout, const at::TensorBase& dq,
+                   const at::TensorBase& dkT, const at::TensorBase& dw,
+                   const at::TensorBase& lens, bool softmax);
+  /// y = tanh(x), elementwise: the function additive attention spends its time
+  /// in (a rational approximation for float, see additive_attention_kernel.cpp).
+  void (*tanh)(const at::TensorBase& x, const at::TensorBase& y);
+  /// Vector width in elements of `dtype` (float or double).
+  int64_t (*vector_size)(c10::ScalarType dtype);
+};
+
+D2L_DECLARE_CPU_KERNELS(AdditiveAttentionKernels, additive_attention_kernels)
+
+}  // namespace d2l::cpu

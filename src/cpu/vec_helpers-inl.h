@@ -1,0 +1,158 @@
+#pragma once
+
+// Vector helpers shared by the per-instruction-set kernel files (included
+// inside each one's CPU_CAPABILITY namespace): row lengths, partial vector
+// loads and stores, horizontal reductions, and one row of the masked softmax
+// forward and backward, which the additive kernel folds into its own loop.
+
+#include <ATen/core/TensorBase.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+
+// Rows of about this many element-operations make one parallel task.
+constexpr int64_t kGrain = 32768;
+
+inline int64_t grain_for(int64_t cost_per_row) {
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, cost_per_row));
+}
+
+/// Valid length of each row of a (rows, m) problem: min(data[row / rows_per_len], m),
+/// or m when there are no lengths. Lengths were checked non-negative upstream.
+struct RowLengths {
+  const int64_t* data = nullptr;
+  int64_t rows_per_len = 1;
+
+  int64_t at(int64_t row, int64_t m) const {
+    return data == nullptr ? m : std::min(data[row / rows_per_len], m);
+  }
+};
+
+/// Per-row view of int64 lengths (empty: no lengths; (B): one per batch entry;
+/// (B, n): one per query) for rows of `queries` queries each.
+inline RowLengths row_lengths(const at::TensorBase& lens, int64_t queries) {
+  if (lens.numel() == 0) return {};
+  return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1};
+}
+
+// The last, partial vector of a row's first L entries. When the row has room
+// for a whole vector past position j (room >= size), it is loaded whole, which
+// is far cheaper than a partial load; callers blend away lanes r.. with
+// Vectorized::set before using them, so masked entries never count.
+template <typename T>
+Vectorized<T> load_tail(const T* p, int64_t r, int64_t room) {
+  return room >= Vectorized<T>::size() ? Vectorized<T>::loadu(p) : Vectorized<T>::loadu(p, r);
+}
+
+template <typename T>
+void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
+  if (room >= Vectorized<T>::size()) {
+    v.store(p);
+  } else {
+    v.store(p, r);
+  }
+}
+
+// Horizontal sum and max of one vector. ATen's vec_reduce_all does log-free
+// shuffles through memory in a loop; per row that costs more than the row.
+template <typename T>
+T horizontal_sum(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T sum = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) sum += lanes[i];
+  return sum;
+}
+
+template <typename T>
+T horizontal_max(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T mx = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) {
+    mx = (std::isnan(mx) || mx > lanes[i]) && !std::isnan(lanes[i]) ? mx : lanes[i];
+  }
+  return mx;
+}
+
+template <typename T>
+T row_max(const T* x, int64_t L, int64_t m) {
+  using V = Vectorized<T>;
+  const V lowest(-std::numeric_limits<T>::infinity());
+  V vmax = lowest;
+  int64_t j = 0;
+  for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
+  if (j < L) vmax = at::vec::maximum(vmax, V::set(lowest, load_tail(x + j, L - j, m - j), L - j));
+  return horizontal_max(vmax);
+}
+
+// One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
+// entries never reach a sum or an output lane, so whatever they hold (inf,
+// NaN) cannot leak.
+template <typename T>
+void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
+  using V = Vectorized<T>;
+  std::fill(y + L, y + m, T(0));
+  if (L == 0) return;
+  const T mx = row_max(x, L, m);
+  const V vmax(mx), vscale(scale);
+  V vsum(0);
+  int64_t j = 0;
+  for (; j + V::size() <= L; j += V::size()) {
+    const V e = ((V::loadu(x + j) - vmax) * vscale).exp();
+    e.store(y + j);
+    vsum = vsum + e;
+  }
+  const int64_t r = L - j;
+  if (r > 0) {
+    const V e = V::set(V(0), ((load_tail(x + j, r, m - j) - vmax) * vscale).exp(), r);
+    store_tail(e, y + j, r, m - j);
+    vsum = vsum + e;
+  }
+  const V inv(T(1) / horizontal_sum(vsum));
+  for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
+  // Lanes past L hold zeros, but 0 * inv is NaN when the valid scores are all
+  // -inf (or hold +inf or NaN): blend them back to exact zeros.
+  if (r > 0) store_tail(V::set(V(0), load_tail(y + j, r, m - j) * inv, r), y + j, r, m - j);
+}
+
+// dx = scale * y * (dy - <dy, y>) on the valid entries, zeros after them.
+// dy's masked entries (possibly inf or NaN) are blended away before use.
+template <typename T>
+void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, T scale) {
+  using V = Vectorized<T>;
+  std::fill(dx + L, dx + m, T(0));
+  V vdot(0);
+  int64_t j = 0;
+  for (; j + V::size() <= L; j += V::size()) {
+    vdot = at::vec::fmadd(V::loadu(y + j), V::loadu(dy + j), vdot);
+  }
+  const int64_t r = L - j;
+  if (r > 0) {
+    const V prod = load_tail(y + j, r, m - j) * load_tail(dy + j, r, m - j);
+    vdot = vdot + V::set(V(0), prod, r);
+  }
+  const V dot(horizontal_sum(vdot));
+  const V vscale(scale);
+  for (j = 0; j + V::size() <= L; j += V::size()) {
+    (vscale * V::loadu(y + j) * (V::loadu(dy + j) - dot)).store(dx + j);
+  }
+  if (r > 0) {
+    const V g = vscale * load_tail(y + j, r, m - j) * (load_tail(dy + j, r, m - j) - dot);
+    store_tail(V::set(V(0), g, r), dx + j, r, m - j);
+  }
+}
+
+}  // namespace
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu

@@ -1,0 +1,35 @@
+#pragma once
+
+// Note [Choosing a path]
+// Every op takes a d2l::Path. kComposite and kFused are taken as asked (kFused
+// is an error off the CPU); kAuto runs the fused CPU kernels for CPU tensors
+// and the composite path elsewhere (for additive scores, the chunked path,
+// which bounds memory), except that dot-product attention asked for no
+// weights may run LibTorch's SDPA (choose_dot_product_path). kSdpa is an
+// error for every op but dot-product attention. The README's "Choosing a
+// path" table says the same for users; keep the two in step.
+
+#include <torch/types.h>
+
+#include <d2l/backend.h>
+
+#include <cstdint>
+
+namespace d2l::detail {
+
+/// Whether `path` runs the fused CPU kernels for tensors on `device`; throws
+/// (naming `fn`) for kFused off the CPU and for kSdpa.
+bool use_fused(const char* fn, Path path, const c10::Device& device);
+
+/// The path functional::dot_product_attention runs for these arguments:
+/// kSdpa, kFused or kComposite (never kAuto). Throws, naming `fn`, for
+/// kSdpa on LibTorch older than 2.1 or with `need_weights`.
+Path choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
+                             const torch::Tensor& keys, const torch::Tensor& values,
+                             double dropout, bool training, bool need_weights);
+
+/// Keys (from this many on) at which Path::kAuto runs LibTorch's SDPA on the
+/// CPU for attention without weights (README, "Choosing a path").
+constexpr int64_t kSdpaMinKeysCpu = 1024;
+
+}  // namespace d2l::detail
