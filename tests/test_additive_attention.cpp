@@ -1,6 +1,8 @@
 #include <d2l/additive_attention.h>
 #include <d2l/masked_softmax.h>
 
+#include <cmath>
+
 #include "test_utils.h"
 
 namespace {
@@ -158,6 +160,51 @@ TEST(AdditiveAttention, RejectsBadArguments) {
                                                  torch::randn({4}));
               }),
               HasSubstr("d2l::additive_scores: w_v must be a 2-D tensor, got [4]"));
+}
+
+TEST(AdditiveAttention, ForwardIsTheFunctionalFormWithTheModuleWeights) {
+  torch::manual_seed(21);
+  d2l::AdditiveAttention a(d2l::AdditiveAttentionOptions(5, 3, 7).dropout(0.3));
+  const auto q = torch::randn({2, 4, 3}), k = torch::randn({2, 6, 5}), v = torch::randn({2, 6, 2});
+  const auto lens = torch::tensor({{1, 6, 0, 3}, {2, 9, 4, 5}});
+  for (bool training : {false, true}) {
+    a->train(training);
+    torch::manual_seed(5);
+    const auto out = a(q, k, v, lens);
+    torch::manual_seed(5);
+    const auto [f_out, f_weights] = d2l::functional::additive_attention(
+        q, k, v, a->W_q->weight, a->W_k->weight, a->w_v->weight, lens, 0.3, training);
+    EXPECT_TRUE(torch::equal(out, f_out)) << "training=" << training;
+    EXPECT_TRUE(torch::equal(a->attention_weights, f_weights)) << "training=" << training;
+  }
+  const auto [no_weights_out, none] = d2l::functional::additive_attention(
+      q, k, v, a->W_q->weight, a->W_k->weight, a->w_v->weight, lens, 0.0, false,
+      d2l::Path::kComposite, /*need_weights=*/false);
+  EXPECT_FALSE(none.defined());
+  a->eval();
+  EXPECT_LT(max_rel_error(no_weights_out, a(q, k, v, lens)), 1e-5);
+}
+
+TEST(AdditiveAttention, FunctionalFormRejectsBadWeightsAndDropout) {
+  const auto q = torch::randn({2, 4, 3}), k = torch::randn({2, 6, 5}), v = torch::randn({2, 6, 2});
+  const auto W_q = torch::randn({7, 3}), W_k = torch::randn({7, 5}), w_v = torch::randn({1, 7});
+  const std::string fn = "d2l::additive_attention: ";
+  auto run = [&](const torch::Tensor& wq, const torch::Tensor& wk, const torch::Tensor& wv,
+                 double dropout = 0.0) {
+    d2l::functional::additive_attention(q, k, v, wq, wk, wv, {}, dropout, true);
+  };
+  EXPECT_THAT(error_message([&] { run(torch::randn({7, 4}), W_k, w_v); }),
+              HasSubstr(fn + "W_q must have shape [7, 3], got [7, 4]"));
+  EXPECT_THAT(error_message([&] { run(W_q, torch::randn({6, 5}), w_v); }),
+              HasSubstr(fn + "W_k must have shape [7, 5], got [6, 5]"));
+  EXPECT_THAT(error_message([&] { run(W_q, W_k, torch::randn({7})); }),
+              HasSubstr(fn + "w_v must be a 2-D tensor, got [7]"));
+  EXPECT_THAT(error_message([&] { run(W_q, W_k, w_v.to(torch::kDouble)); }),
+              HasSubstr(fn + "w_v must have the same dtype as queries (Float), got Double"));
+  EXPECT_THAT(error_message([&] { run(W_q, W_k, w_v, -0.1); }),
+              HasSubstr(fn + "dropout must be a probability in [0, 1], got -0.1"));
+  EXPECT_THAT(error_message([&] { run(W_q, W_k, w_v, std::nan("")); }),
+              HasSubstr(fn + "dropout must be a probability in [0, 1], got nan"));
 }
 
 TEST(AdditiveAttention, RunsOnCudaWhenAvailable) {

@@ -1,5 +1,9 @@
 #include <d2l/dot_product_attention.h>
 
+#include <fmt/format.h>
+
+#include <cmath>
+
 #include "test_utils.h"
 
 namespace {
@@ -115,6 +119,11 @@ TEST(DotProductAttention, RejectsBadArguments) {
               HasSubstr(fn + "queries must have a floating-point dtype, got Int"));
   EXPECT_THAT(error_message([] { d2l::DotProductAttention bad(1.5); }),
               HasSubstr("d2l::DotProductAttention: dropout must be a probability in [0, 1], got 1.5"));
+  for (double p : {-0.5, 1.5, std::nan("")}) {
+    EXPECT_THAT(error_message([&] { d2l::functional::dot_product_attention(q, k, v, {}, p, true); }),
+                HasSubstr(fn + "dropout must be a probability in [0, 1], got " +
+                          (std::isnan(p) ? std::string("nan") : fmt::format("{}", p))));
+  }
 }
 
 TEST(DotProductAttention, RunsOnCudaWhenAvailable) {
