@@ -163,17 +163,22 @@ BENCH_THREADS ?= 1,2
 # a "1 thread" bmm would otherwise use every core, and at 2 threads its
 # spinning workers compete with OpenMP's.
 BENCH_SHAPES ?= toy d2l mid big
+# $(1): build dir, $(2): shapes, $(3): prefix of the JSON files. One process
+# per thread count and shape; OpenBLAS's pool sized like ours (README).
+define run_bench_attention
+	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(2); do \
+	  OPENBLAS_NUM_THREADS=$$t $(1)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
+	    --benchmark_out=$(1)/$(3)-threads$$t-$$s.json --benchmark_out_format=json \
+	    || exit 1; \
+	done; done
+endef
 BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
                --benchmark_enable_random_interleaving=true \
                --benchmark_min_time=0.2
 bench: deps deps-python configure
 	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_attention
-	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(BENCH_SHAPES); do \
-	  OPENBLAS_NUM_THREADS=$$t $(BUILD_DIR)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
-	    --benchmark_out=$(BUILD_DIR)/bench-cpp-threads$$t-$$s.json --benchmark_out_format=json \
-	    || exit 1; \
-	done; done
+	$(call run_bench_attention,$(BUILD_DIR),$(BENCH_SHAPES),bench-cpp)
 	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do \
 	  OPENBLAS_NUM_THREADS=$$t $(PYTHON) benchmarks/book_reference.py --threads $$t --out $(BUILD_DIR)/bench-book-threads$$t.json \
 	    || exit 1; \
@@ -192,11 +197,7 @@ SDPA_SHAPES ?= sdpa128 sdpa512 sdpa1024 sdpa2048 sdpa4096
 bench-sdpa: build-torch2
 	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_attention
-	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do for s in $(SDPA_SHAPES); do \
-	  OPENBLAS_NUM_THREADS=$$t $(BUILD2_DIR)/benchmarks/bench_attention --threads $$t --shapes $$s $(BENCH_FLAGS) \
-	    --benchmark_out=$(BUILD2_DIR)/bench-sdpa-threads$$t-$$s.json --benchmark_out_format=json \
-	    || exit 1; \
-	done; done
+	$(call run_bench_attention,$(BUILD2_DIR),$(SDPA_SHAPES),bench-sdpa)
 	python3 benchmarks/sdpa_table.py $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
 	  | tee $(BUILD2_DIR)/bench-sdpa-report.md
 

@@ -40,6 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
                                 "reference"))
 from d2l_book import AdditiveAttention, DotProductAttention, masked_softmax  # noqa: E402
 
+from report_io import write_report  # noqa: E402
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Benchmark cases.
@@ -355,11 +357,7 @@ def main(argv=None):
     print("book_reference: torch {} with {} thread(s)".format(torch.__version__, torch.get_num_threads()),
           file=sys.stderr)
     text = json.dumps(report(args, run_suite(args)), indent=2) + "\n"
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":

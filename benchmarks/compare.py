@@ -19,8 +19,9 @@ import functools
 import json
 import math
 import statistics
-import sys
 from collections import defaultdict, namedtuple
+
+from report_io import write_report
 
 CASES = ["masked_softmax_fwd", "masked_softmax_fwdbwd", "softmax_fwd", "softmax_fwdbwd",
          "dot_fwd", "dot_fwdbwd", "additive_fwd", "additive_fwdbwd"]
@@ -240,11 +241,7 @@ def main(argv=None):
         with open(path) as f:
             load_book(json.load(f), store)
     text = render(store)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,20 @@
 #include "checks.h"
 
 namespace d2l {
+namespace {
+
+void check_heads_input(const char* fn, const torch::Tensor& X, int64_t num_heads,
+                       const char* layout) {
+  TORCH_CHECK(num_heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, num_heads));
+  TORCH_CHECK(X.defined() && X.dim() == 3,
+              fmt::format("{}: X must be a 3-D tensor {}, got {}", fn, layout, detail::shape_of(X)));
+}
+
+}  // namespace
 
 torch::Tensor transpose_qkv(const torch::Tensor& X, int64_t num_heads) {
   constexpr const char* fn = "d2l::transpose_qkv";
-  TORCH_CHECK(num_heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, num_heads));
-  TORCH_CHECK(X.defined() && X.dim() == 3,
-              fmt::format("{}: X must be a 3-D tensor (B, n, num_hiddens), got {}", fn,
-                          detail::shape_of(X)));
+  check_heads_input(fn, X, num_heads, "(B, n, num_hiddens)");
   TORCH_CHECK(X.size(2) % num_heads == 0,
               fmt::format("{}: the feature size of X must be a multiple of num_heads={}, got X {}",
                           fn, num_heads, detail::shape_of(X)));
@@ -30,10 +37,7 @@ torch::Tensor transpose_qkv(const torch::Tensor& X, int64_t num_heads) {
 
 torch::Tensor transpose_output(const torch::Tensor& X, int64_t num_heads) {
   constexpr const char* fn = "d2l::transpose_output";
-  TORCH_CHECK(num_heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, num_heads));
-  TORCH_CHECK(X.defined() && X.dim() == 3,
-              fmt::format("{}: X must be a 3-D tensor (B * num_heads, n, d), got {}", fn,
-                          detail::shape_of(X)));
+  check_heads_input(fn, X, num_heads, "(B * num_heads, n, d)");
   TORCH_CHECK(X.size(0) % num_heads == 0,
               fmt::format("{}: the first size of X must be a multiple of num_heads={}, got X {}",
                           fn, num_heads, detail::shape_of(X)));

@@ -15,6 +15,17 @@ void check_same_kind(const char* fn, const torch::Tensor& queries, const char* n
   detail::check_same_dtype(fn, "queries", queries, name, other);
 }
 
+// queries (n_q), keys and values of rank `rank`: floating, on the queries'
+// device and in their dtype.
+void check_inputs(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+                  const torch::Tensor& values, int64_t rank) {
+  detail::check_floating(fn, "queries", queries, 1);
+  detail::check_floating(fn, "keys", keys, rank);
+  detail::check_floating(fn, "values", values, rank);
+  check_same_kind(fn, queries, "keys", keys);
+  check_same_kind(fn, queries, "values", values);
+}
+
 // The book's kernel, softmax_j(-((q_i - k_ij) w)² / 2), on the differences
 // q_i - k_ij of shape (n_q, n_k); an undefined w is the non-parametric width 1.
 torch::Tensor gaussian_weights(const torch::Tensor& differences, const torch::Tensor& w) {
@@ -30,15 +41,11 @@ std::tuple<torch::Tensor, torch::Tensor> nadaraya_watson(const torch::Tensor& qu
                                                          const torch::Tensor& keys,
                                                          const torch::Tensor& values) {
   constexpr const char* fn = "d2l::nadaraya_watson";
-  detail::check_floating(fn, "queries", queries, 1);
-  detail::check_floating(fn, "keys", keys, 1);
-  detail::check_floating(fn, "values", values, 1);
+  check_inputs(fn, queries, keys, values, 1);
   TORCH_CHECK(keys.size(0) == values.size(0),
               fmt::format("{}: keys and values must have the same length, got keys {} and "
                           "values {}",
                           fn, detail::shape_of(keys), detail::shape_of(values)));
-  check_same_kind(fn, queries, "keys", keys);
-  check_same_kind(fn, queries, "values", values);
   // The book repeats each query n_k times; broadcasting gives the same (n_q, n_k).
   auto weights = gaussian_weights(queries.unsqueeze(1) - keys, {});
   auto output = torch::matmul(weights, values);
@@ -50,9 +57,7 @@ std::tuple<torch::Tensor, torch::Tensor> nw_kernel_regression(const torch::Tenso
                                                               const torch::Tensor& values,
                                                               const torch::Tensor& w) {
   constexpr const char* fn = "d2l::nw_kernel_regression";
-  detail::check_floating(fn, "queries", queries, 1);
-  detail::check_floating(fn, "keys", keys, 2);
-  detail::check_floating(fn, "values", values, 2);
+  check_inputs(fn, queries, keys, values, 2);
   TORCH_CHECK(
       keys.size(0) == queries.size(0) && values.sizes() == keys.sizes(),
       fmt::format("{}: keys and values must both have shape (n_q, n_k) with n_q the "
@@ -60,8 +65,6 @@ std::tuple<torch::Tensor, torch::Tensor> nw_kernel_regression(const torch::Tenso
                   fn, detail::shape_of(queries), detail::shape_of(keys), detail::shape_of(values)));
   TORCH_CHECK(w.defined() && w.numel() == 1 && w.dim() <= 1,
               fmt::format("{}: w must have shape [1] or [], got {}", fn, detail::shape_of(w)));
-  check_same_kind(fn, queries, "keys", keys);
-  check_same_kind(fn, queries, "values", values);
   check_same_kind(fn, queries, "w", w);
   auto weights = gaussian_weights(queries.unsqueeze(1) - keys, w);
   auto output = torch::bmm(weights.unsqueeze(1), values.unsqueeze(-1)).reshape(-1);
