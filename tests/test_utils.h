@@ -1,7 +1,8 @@
 #pragma once
 
 // Helpers shared by the test files: error-message capture, independent
-// double-precision references, and finite-difference gradient checks.
+// double-precision references, finite-difference gradient checks, and a
+// module's printed form and parameter names.
 
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
@@ -11,6 +12,8 @@
 #include <d2l/masked_softmax.h>
 
 #include <functional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -97,6 +100,28 @@ inline double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
   const auto y = b.detach().to(torch::kCPU, torch::kDouble);
   if (x.numel() == 0) return 0;
   return ((x - y).abs() / y.abs().clamp_min(1)).max().item<double>();
+}
+
+/// What `m.pretty_print` writes.
+inline std::string printed(const torch::nn::Module& m) {
+  std::ostringstream s;
+  m.pretty_print(s);
+  return s.str();
+}
+
+/// The keys of `m.named_parameters()` (the Python `state_dict` keys), in
+/// registration order.
+inline std::vector<std::string> parameter_names(const torch::nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& p : m.named_parameters()) names.push_back(p.key());
+  return names;
+}
+
+/// The same keys as a set, for comparisons that ignore the order.
+inline std::set<std::string> parameter_name_set(const torch::nn::Module& m) {
+  std::set<std::string> names;
+  for (const auto& p : m.named_parameters()) names.insert(p.key());
+  return names;
 }
 
 /// d2l::masked_softmax by one path, as a function of (X, valid_lens).

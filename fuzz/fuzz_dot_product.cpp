@@ -1,0 +1,73 @@
+// fuzz_attention's dot-product area: functional::dot_product_attention and the
+// DotProductAttention module, on every implementation, mode and grad mode.
+
+#include <d2l/dot_product_attention.h>
+
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "fuzz_common.h"
+
+namespace d2l_fuzz {
+
+void fuzz_dot_product_functional(Bytes& in) {
+  auto a = make_qkv(in, in.below(8) != 0);
+  const double dropout = in.pick(kDropouts);
+  const bool training = in.flag();
+  const auto impl = in.pick(kImpls);
+  const auto grad_mode = pick_grad_mode(in);
+  current.description = "dot_product_attention dropout=" + std::to_string(dropout) +
+                        " training=" + std::to_string(training) +
+                        " impl=" + std::to_string(static_cast<int>(impl)) +
+                        " grad_mode=" + std::to_string(static_cast<int>(grad_mode));
+  torch::Tensor out, weights;
+  {
+    GradModeScope scope(grad_mode);
+    std::tie(out, weights) = d2l::functional::dot_product_attention(
+        a.queries.value, a.keys.value, a.values.value, a.lens, dropout, training, impl);
+  }
+  note("out", out);
+  note("weights", weights);
+  const int64_t B = a.queries.value.size(0), n = a.queries.value.size(1), m = a.keys.value.size(1);
+  FUZZ_CHECK(out.sizes() == torch::IntArrayRef({B, n, a.values.value.size(2)}),
+             "dot_product_attention output has the wrong shape");
+  check_weights(weights, valid_mask(a.lens, B, n, m), a.tame_inputs);
+  if (a.tame_inputs) FUZZ_CHECK(all_finite(out), "output not finite for finite inputs");
+  check_backward(out, {a.queries.leaf, a.keys.leaf, a.values.leaf}, a.tame_inputs, in);
+}
+
+void fuzz_dot_product_module(Bytes& in) {
+  auto a = make_qkv(in, in.below(8) != 0);
+  const auto options = d2l::DotProductAttentionOptions()
+                           .dropout(in.pick(kDropouts))
+                           .impl(in.pick(kImpls))
+                           .record_attention_weights(in.flag());
+  d2l::DotProductAttention attention(options);
+  attention->train(in.flag());
+  const auto grad_mode = pick_grad_mode(in);
+  std::ostringstream description;
+  description << *attention << " impl=" << static_cast<int>(options.impl())
+              << " record=" << options.record_attention_weights()
+              << " training=" << attention->is_training()
+              << " grad_mode=" << static_cast<int>(grad_mode);
+  current.description = description.str();
+  for (const auto& p : attention->named_parameters()) note(p.key(), p.value());
+  torch::Tensor out;
+  {
+    GradModeScope scope(grad_mode);
+    out = attention(a.queries.value, a.keys.value, a.values.value, a.lens);
+  }
+  note("out", out);
+  note("attention_weights", attention->attention_weights);
+  const int64_t B = a.queries.value.size(0), n = a.queries.value.size(1), m = a.keys.value.size(1);
+  if (options.record_attention_weights()) {
+    check_weights(attention->attention_weights, valid_mask(a.lens, B, n, m), a.tame_inputs);
+  } else {
+    FUZZ_CHECK(!attention->attention_weights.defined(), "weights recorded while turned off");
+  }
+  if (a.tame_inputs) FUZZ_CHECK(all_finite(out), "output not finite for finite inputs");
+  check_backward(out, {a.queries.leaf, a.keys.leaf, a.values.leaf}, a.tame_inputs, in);
+}
+
+}  // namespace d2l_fuzz

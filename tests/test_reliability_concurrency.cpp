@@ -1,0 +1,127 @@
+// Reliability, concurrency: one AdditiveAttention or DotProductAttention
+// module shared by 8 threads (half under InferenceMode, half recording the
+// graph), every output equal to one thread's. The TSan preset runs these
+// (docs/reliability.md says what runs where).
+
+#include <d2l/additive_attention.h>
+#include <d2l/backend.h>
+#include <d2l/dot_product_attention.h>
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "test_utils.h"
+
+namespace {
+
+using d2l::Impl;
+
+// ---------------------------------------------------------------------------
+// Concurrency: one module, 8 threads, 1,000 forwards each.
+
+struct QKV {
+  torch::Tensor queries, keys, values, valid_lens;
+};
+
+// A few input sets, so that threads interleave different problems: no
+// lengths, (B) lengths and (B, n) lengths with empty and over-long rows.
+std::vector<QKV> concurrency_inputs(int64_t query_size, int64_t key_size) {
+  torch::manual_seed(31);
+  const int64_t B = 2, n = 3, m = 10;
+  std::vector<QKV> sets;
+  for (const auto& lens : {torch::Tensor(), torch::tensor({2, 6}), torch::tensor({{0, 10, 4}, {7, 1, 30}}),
+                           torch::tensor({9, 3})}) {
+    sets.push_back({torch::randn({B, n, query_size}), torch::randn({B, m, key_size}),
+                    torch::randn({B, m, 4}), lens});
+  }
+  return sets;
+}
+
+// Every forward of every thread must equal, bit for bit, the output of the
+// same input computed alone beforehand. Even threads run under InferenceMode,
+// odd ones with autograd recording the graph, as a server's mix of callers
+// would. With recording on, `attention_weights` must afterwards hold the
+// weights of one of the calls; with it off, it must stay undefined.
+template <typename Holder>
+void expect_threads_agree_with_one_thread(Holder module, const std::vector<QKV>& inputs) {
+  constexpr int kThreads = 8, kCalls = 1000;
+  module->eval();
+  std::vector<torch::Tensor> expected, expected_weights;
+  for (const auto& in : inputs) {
+    expected.push_back(module(in.queries, in.keys, in.values, in.valid_lens).detach());
+    if (module->options.record_attention_weights()) {
+      expected_weights.push_back(module->attention_weights.detach());
+    }
+  }
+  module->attention_weights = torch::Tensor();
+
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::optional<c10::InferenceMode> inference;
+      if (t % 2 == 0) inference.emplace();
+      try {
+        for (int call = 0; call < kCalls; ++call) {
+          const size_t which = static_cast<size_t>(call + t) % inputs.size();
+          const auto& in = inputs[which];
+          const auto out = module(in.queries, in.keys, in.values, in.valid_lens);
+          if (!torch::equal(out, expected[which])) ++mismatches[t];
+        }
+      } catch (const c10::Error& e) {
+        errors[t] = e.what_without_backtrace();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t << " got outputs unlike one thread's";
+    EXPECT_EQ(errors[t], "") << "thread " << t;
+  }
+  if (module->options.record_attention_weights()) {
+    ASSERT_TRUE(module->attention_weights.defined());
+    const bool one_of_them =
+        std::any_of(expected_weights.begin(), expected_weights.end(), [&](const auto& w) {
+          return w.sizes() == module->attention_weights.sizes() &&
+                 torch::equal(w, module->attention_weights);
+        });
+    EXPECT_TRUE(one_of_them) << "attention_weights holds none of the calls' weights";
+  } else {
+    EXPECT_FALSE(module->attention_weights.defined());
+  }
+}
+
+TEST(ReliabilityConcurrency, SharedAdditiveAttentionRecordingWeights) {
+  for (Impl impl : {Impl::kAuto, Impl::kComposite}) {
+    torch::manual_seed(30);
+    d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).impl(impl));
+    expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
+  }
+}
+
+TEST(ReliabilityConcurrency, SharedAdditiveAttentionNotRecording) {
+  torch::manual_seed(30);
+  d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).record_attention_weights(false));
+  expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
+}
+
+TEST(ReliabilityConcurrency, SharedDotProductAttentionRecordingWeights) {
+  for (Impl impl : {Impl::kAuto, Impl::kComposite}) {
+    d2l::DotProductAttention module(d2l::DotProductAttentionOptions().dropout(0.5).impl(impl));
+    expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
+  }
+}
+
+TEST(ReliabilityConcurrency, SharedDotProductAttentionNotRecording) {
+  d2l::DotProductAttention module(
+      d2l::DotProductAttentionOptions().dropout(0.5).record_attention_weights(false));
+  expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
+}
+
+}  // namespace

@@ -1,0 +1,84 @@
+// Reliability, memory: resident set size stays flat over 10,000 forward and
+// backward calls, and the measurement itself sees a leak of 1 KiB per call.
+// Skipped under the sanitizers, whose quarantine holds freed memory
+// (docs/reliability.md).
+
+#include <d2l/additive_attention.h>
+#include <d2l/backend.h>
+#include <d2l/dot_product_attention.h>
+
+#include <fstream>
+#include <string>
+
+#include "test_utils.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define D2L_UNDER_SANITIZER 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define D2L_UNDER_SANITIZER 1
+#endif
+
+namespace {
+
+using d2l::Impl;
+
+// ---------------------------------------------------------------------------
+// Memory: resident set size over 10,000 forward + backward calls.
+
+int64_t resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+// Growth allowed between call 500 and call 10,000: 4 MiB. A leak of one 1 KiB
+// tensor per call would add 9,500 x (1 KiB + TensorImpl, storage and malloc
+// headers) > 9 MiB and fail; the margin below that absorbs malloc's own
+// fluctuations (measured here: under 0.5 MiB).
+constexpr int64_t kAllowedGrowthKib = 4 * 1024;
+constexpr int kWarmupCalls = 500, kCalls = 10000;
+
+template <typename Step>
+int64_t growth_kib_over_calls(Step step) {
+  for (int call = 0; call < kWarmupCalls; ++call) step();
+  const int64_t before = resident_kib();
+  for (int call = kWarmupCalls; call < kCalls; ++call) step();
+  return resident_kib() - before;
+}
+
+TEST(ReliabilityMemory, TenThousandForwardBackwardCallsDoNotGrowMemory) {
+#ifdef D2L_UNDER_SANITIZER
+  GTEST_SKIP() << "sanitizer builds hold freed memory in quarantine; LeakSanitizer covers leaks";
+#endif
+  ASSERT_GT(resident_kib(), 0) << "no VmRSS in /proc/self/status";
+  torch::manual_seed(36);
+  d2l::AdditiveAttention additive(4, 4, 8, 0.1);
+  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+  const auto q = torch::randn({2, 3, 4}).requires_grad_(), k = torch::randn({2, 10, 4});
+  const auto v = torch::randn({2, 10, 4}), lens = torch::tensor({{3, 10, 0}, {7, 1, 2}});
+  const auto growth = growth_kib_over_calls([&] {
+    (additive(q, k, v, lens).sum() + dot(q, k, v, lens).sum()).backward();
+    additive->zero_grad();
+    q.mutable_grad() = torch::Tensor();
+  });
+  EXPECT_LT(growth, kAllowedGrowthKib) << "resident memory grew by " << growth << " KiB";
+}
+
+// The probe itself: the same measurement must see a leak of 1 KiB per call.
+TEST(ReliabilityMemory, MeasurementSeesALeakOfOneKibPerCall) {
+#ifdef D2L_UNDER_SANITIZER
+  GTEST_SKIP() << "sanitizer builds hold freed memory in quarantine";
+#endif
+  std::vector<torch::Tensor> leaked;
+  leaked.reserve(kCalls);
+  const auto growth = growth_kib_over_calls([&] { leaked.push_back(torch::zeros({256})); });
+  EXPECT_GT(growth, kAllowedGrowthKib) << "resident memory grew by only " << growth << " KiB";
+}
+
+}  // namespace
