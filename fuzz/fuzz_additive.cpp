@@ -25,9 +25,9 @@ void fuzz_additive_scores(Bytes& in) {
   const bool grad = in.flag();
   const auto q = make_arg(in, qs, dtype, grad), k = make_arg(in, ks, dtype, grad);
   const auto w = make_arg(in, ws, in.below(8) == 0 ? in.pick(kDataDtypes) : dtype, grad);
-  const auto impl = in.pick(kImpls);
+  const auto path = in.pick(kPaths);
   const auto grad_mode = pick_grad_mode(in);
-  current.description = "additive_scores impl=" + std::to_string(static_cast<int>(impl)) +
+  current.description = "additive_scores path=" + std::to_string(static_cast<int>(path)) +
                         " grad_mode=" + std::to_string(static_cast<int>(grad_mode));
   note("projected_queries", q.value);
   note("projected_keys", k.value);
@@ -35,7 +35,7 @@ void fuzz_additive_scores(Bytes& in) {
   torch::Tensor scores;
   {
     GradModeScope scope(grad_mode);
-    scores = d2l::functional::additive_scores(q.value, k.value, w.value, impl);
+    scores = d2l::functional::additive_scores(q.value, k.value, w.value, path);
   }
   FUZZ_CHECK(scores.sizes() == torch::IntArrayRef({d[0], d[1], d[2]}),
              "additive_scores has the wrong shape");
@@ -59,7 +59,7 @@ void fuzz_additive_module(Bytes& in) {
   if (in.below(8) == 0) query_size = in.below(10);
   const auto options = d2l::AdditiveAttentionOptions(key_size, query_size, in.below(10))
                            .dropout(in.pick(kDropouts))
-                           .impl(in.pick(kImpls))
+                           .path(in.pick(kPaths))
                            .record_attention_weights(in.flag());
   d2l::AdditiveAttention attention(options);
   const auto module_dtype = in.below(4) == 0 ? in.pick(kDataDtypes) : a.queries.value.scalar_type();
@@ -67,7 +67,7 @@ void fuzz_additive_module(Bytes& in) {
   attention->train(in.flag());
   const auto grad_mode = pick_grad_mode(in);
   std::ostringstream description;
-  description << *attention << " impl=" << static_cast<int>(options.impl())
+  description << *attention << " path=" << static_cast<int>(options.path())
               << " record=" << options.record_attention_weights()
               << " training=" << attention->is_training()
               << " grad_mode=" << static_cast<int>(grad_mode);

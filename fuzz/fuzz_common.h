@@ -67,8 +67,8 @@ inline const std::vector<torch::Dtype> kDataDtypes = {
     torch::kFloat, torch::kFloat, torch::kDouble, torch::kHalf,
     torch::kBFloat16, torch::kLong, torch::kInt, torch::kBool};
 inline const std::vector<double> kDropouts = {0.0, 0.0, 0.1, 0.5, 0.9, 1.0, -0.1, 1.5, kNaN};
-inline const std::vector<d2l::Impl> kImpls = {d2l::Impl::kAuto, d2l::Impl::kComposite,
-                                              d2l::Impl::kFused};
+inline const std::vector<d2l::Path> kPaths = {d2l::Path::kAuto, d2l::Path::kComposite,
+                                              d2l::Path::kFused};
 
 bool floating(const torch::Tensor& t);
 

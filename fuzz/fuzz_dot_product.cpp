@@ -15,17 +15,17 @@ void fuzz_dot_product_functional(Bytes& in) {
   auto a = make_qkv(in, in.below(8) != 0);
   const double dropout = in.pick(kDropouts);
   const bool training = in.flag();
-  const auto impl = in.pick(kImpls);
+  const auto path = in.pick(kPaths);
   const auto grad_mode = pick_grad_mode(in);
   current.description = "dot_product_attention dropout=" + std::to_string(dropout) +
                         " training=" + std::to_string(training) +
-                        " impl=" + std::to_string(static_cast<int>(impl)) +
+                        " path=" + std::to_string(static_cast<int>(path)) +
                         " grad_mode=" + std::to_string(static_cast<int>(grad_mode));
   torch::Tensor out, weights;
   {
     GradModeScope scope(grad_mode);
     std::tie(out, weights) = d2l::functional::dot_product_attention(
-        a.queries.value, a.keys.value, a.values.value, a.lens, dropout, training, impl);
+        a.queries.value, a.keys.value, a.values.value, a.lens, dropout, training, path);
   }
   note("out", out);
   note("weights", weights);
@@ -41,13 +41,13 @@ void fuzz_dot_product_module(Bytes& in) {
   auto a = make_qkv(in, in.below(8) != 0);
   const auto options = d2l::DotProductAttentionOptions()
                            .dropout(in.pick(kDropouts))
-                           .impl(in.pick(kImpls))
+                           .path(in.pick(kPaths))
                            .record_attention_weights(in.flag());
   d2l::DotProductAttention attention(options);
   attention->train(in.flag());
   const auto grad_mode = pick_grad_mode(in);
   std::ostringstream description;
-  description << *attention << " impl=" << static_cast<int>(options.impl())
+  description << *attention << " path=" << static_cast<int>(options.path())
               << " record=" << options.record_attention_weights()
               << " training=" << attention->is_training()
               << " grad_mode=" << static_cast<int>(grad_mode);

@@ -1,7 +1,8 @@
 // fuzz_attention's masking area: sequence_mask, and masked_softmax through the
 // public entry point, the composite path and the fused kernel.
 
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
+#include <d2l/sequence_mask.h>
 
 #include <cmath>
 #include <string>
@@ -58,8 +59,8 @@ void fuzz_masked_softmax(Bytes& in) {
   {
     GradModeScope scope(grad_mode);
     y = variant == 0   ? d2l::masked_softmax(X.value, lens)
-        : variant == 1 ? d2l::composite::masked_softmax(X.value, lens)
-                       : d2l::fused::masked_softmax(X.value, lens);
+        : variant == 1 ? d2l::masked_softmax(X.value, lens, d2l::Path::kComposite)
+                       : d2l::masked_softmax(X.value, lens, d2l::Path::kFused);
   }
   note("y", y);
   FUZZ_CHECK(y.sizes() == X.value.sizes() && y.scalar_type() == dtype,

@@ -107,6 +107,7 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   check_projection(fn, "W_k", o.W_k(), "b_k", o.b_k(), h, keys.size(2), queries);
   check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
   check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
+  detail::check_dropout(fn, o.dropout());
   namespace F = torch::nn::functional;
   // Head b * heads + i belongs to batch element b: each length is repeated per head.
   const auto lens =

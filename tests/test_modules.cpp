@@ -10,11 +10,7 @@
 
 namespace {
 
-std::string printed(const torch::nn::Module& m) {
-  std::ostringstream s;
-  m.pretty_print(s);
-  return s.str();
-}
+using d2l::testing::printed;
 
 TEST(Modules, PrettyPrint) {
   EXPECT_EQ(printed(*d2l::AdditiveAttention(2, 20, 8, 0.1)),

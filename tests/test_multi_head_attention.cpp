@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -287,7 +288,7 @@ TEST(MultiHeadAttention, DropoutOnlyInTraining) {
   EXPECT_FALSE(torch::equal(attention(X, X, X), a));
 }
 
-// impl and record_attention_weights reach the inner DotProductAttention (and
+// path and record_attention_weights reach the inner DotProductAttention (and
 // survive clone()); every path gives the same numbers.
 TEST(MultiHeadAttention, OptionsChooseThePathAndRecording) {
   torch::manual_seed(12);
@@ -295,9 +296,9 @@ TEST(MultiHeadAttention, OptionsChooseThePathAndRecording) {
   const auto lens = torch::tensor({2, 5});
   d2l::MultiHeadAttention reference(d2l::MultiHeadAttentionOptions(3, 4, 5, 6, 3));
   const auto expected = reference(q, k, v, lens);
-  for (const auto impl : {d2l::Impl::kComposite, d2l::Impl::kFused}) {
+  for (const auto path : {d2l::Path::kComposite, d2l::Path::kFused}) {
     d2l::MultiHeadAttention attention(
-        d2l::MultiHeadAttentionOptions(3, 4, 5, 6, 3).impl(impl).record_attention_weights(false));
+        d2l::MultiHeadAttentionOptions(3, 4, 5, 6, 3).path(path).record_attention_weights(false));
     {
       torch::NoGradGuard no_grad;
       const auto from = reference->named_parameters();
@@ -306,13 +307,47 @@ TEST(MultiHeadAttention, OptionsChooseThePathAndRecording) {
     for (const auto& module :
          {attention.ptr(),
           std::dynamic_pointer_cast<d2l::MultiHeadAttentionImpl>(attention->clone())}) {
-      EXPECT_EQ(module->attention->options.impl(), impl);
+      EXPECT_EQ(module->attention->options.path(), path);
       EXPECT_FALSE(module->attention->options.record_attention_weights());
       EXPECT_LT(max_rel_error(module->forward(q, k, v, lens), expected), 1e-6);
       EXPECT_FALSE(module->attention->attention_weights.defined());
     }
   }
   EXPECT_EQ(reference->attention->attention_weights.sizes(), (std::vector<int64_t>{6, 3, 5}));
+}
+
+TEST(MultiHeadAttention, ForwardIsTheFunctionalFormWithTheModuleWeights) {
+  torch::manual_seed(14);
+  d2l::MultiHeadAttention m(3, 4, 5, 6, 3, 0.2, /*bias=*/true);
+  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 3}), v = torch::randn({2, 5, 5});
+  const auto lens = torch::tensor({{2, 5, 0}, {1, 4, 9}});
+  namespace F = d2l::functional;
+  auto o = F::MultiHeadAttentionFuncOptions(3, m->W_q->weight, m->W_k->weight, m->W_v->weight,
+                                            m->W_o->weight)
+               .b_q(m->W_q->bias).b_k(m->W_k->bias).b_v(m->W_v->bias).b_o(m->W_o->bias)
+               .dropout(0.2);
+  for (bool training : {false, true}) {
+    m->train(training);
+    torch::manual_seed(5);
+    const auto out = m(q, k, v, lens);
+    torch::manual_seed(5);
+    const auto [f_out, f_weights] = F::multi_head_attention(q, k, v, lens, o.training(training));
+    EXPECT_TRUE(torch::equal(out, f_out)) << "training=" << training;
+    EXPECT_TRUE(torch::equal(m->attention->attention_weights, f_weights)) << training;
+  }
+  EXPECT_FALSE(std::get<1>(F::multi_head_attention(q, k, v, lens, o.need_weights(false))).defined());
+  const std::string fn = "d2l::multi_head_attention: ";
+  auto error = [&](F::MultiHeadAttentionFuncOptions bad) {
+    return error_message([&] { F::multi_head_attention(q, k, v, lens, bad); });
+  };
+  EXPECT_THAT(error(o.W_o(torch::randn({6, 5}))), HasSubstr(fn + "W_o must have shape [6, 6], got [6, 5]"));
+  EXPECT_THAT(error(o.W_o(m->W_o->weight).b_q(torch::randn({5}))),
+              HasSubstr(fn + "b_q must have shape [6] or be undefined, got [5]"));
+  EXPECT_THAT(error(o.b_q({}).num_heads(4)),
+              HasSubstr(fn + "num_hiddens (the rows of W_q) must be divisible by num_heads, got "
+                             "W_q [6, 4] and num_heads=4"));
+  EXPECT_THAT(error(o.num_heads(3).dropout(std::nan(""))),
+              HasSubstr(fn + "dropout must be a probability in [0, 1], got nan"));
 }
 
 TEST(MultiHeadAttention, CloneSaveLoadAndContainers) {

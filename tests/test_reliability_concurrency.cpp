@@ -18,7 +18,7 @@
 
 namespace {
 
-using d2l::Impl;
+using d2l::Path;
 
 // ---------------------------------------------------------------------------
 // Concurrency: one module, 8 threads, 1,000 forwards each.
@@ -98,9 +98,9 @@ void expect_threads_agree_with_one_thread(Holder module, const std::vector<QKV>&
 }
 
 TEST(ReliabilityConcurrency, SharedAdditiveAttentionRecordingWeights) {
-  for (Impl impl : {Impl::kAuto, Impl::kComposite}) {
+  for (Path path : {Path::kAuto, Path::kComposite}) {
     torch::manual_seed(30);
-    d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).impl(impl));
+    d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).path(path));
     expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
   }
 }
@@ -112,8 +112,8 @@ TEST(ReliabilityConcurrency, SharedAdditiveAttentionNotRecording) {
 }
 
 TEST(ReliabilityConcurrency, SharedDotProductAttentionRecordingWeights) {
-  for (Impl impl : {Impl::kAuto, Impl::kComposite}) {
-    d2l::DotProductAttention module(d2l::DotProductAttentionOptions().dropout(0.5).impl(impl));
+  for (Path path : {Path::kAuto, Path::kComposite}) {
+    d2l::DotProductAttention module(d2l::DotProductAttentionOptions().dropout(0.5).path(path));
     expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
   }
 }

@@ -23,7 +23,7 @@
 
 namespace {
 
-using d2l::Impl;
+using d2l::Path;
 
 // ---------------------------------------------------------------------------
 // Memory: resident set size over 10,000 forward + backward calls.
@@ -59,7 +59,7 @@ TEST(ReliabilityMemory, TenThousandForwardBackwardCallsDoNotGrowMemory) {
   ASSERT_GT(resident_kib(), 0) << "no VmRSS in /proc/self/status";
   torch::manual_seed(36);
   d2l::AdditiveAttention additive(4, 4, 8, 0.1);
-  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(Impl::kComposite));
+  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(Path::kComposite));
   const auto q = torch::randn({2, 3, 4}).requires_grad_(), k = torch::randn({2, 10, 4});
   const auto v = torch::randn({2, 10, 4}), lens = torch::tensor({{3, 10, 0}, {7, 1, 2}});
   const auto growth = growth_kib_over_calls([&] {

@@ -6,7 +6,8 @@
 #include <d2l/additive_attention.h>
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
-#include <d2l/masking.h>
+#include <d2l/masked_softmax.h>
+#include <d2l/sequence_mask.h>
 
 #include <fmt/format.h>
 
@@ -19,7 +20,8 @@
 
 namespace {
 
-using d2l::Impl;
+using d2l::Path;
+using d2l::testing::masked_softmax_by;
 using d2l::testing::max_rel_error;
 using d2l::testing::reference_masked_softmax;
 
@@ -94,13 +96,13 @@ void expect_finite(const torch::Tensor& t, const std::string& what) {
   EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << what << " is not finite";
 }
 
-using MaskedSoftmax = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&);
+using MaskedSoftmax = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
 
 void check_masked_softmax_numerics(const torch::Device& device) {
   const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
-      {"composite", &d2l::composite::masked_softmax},
-      {"fused", &d2l::fused::masked_softmax},
-      {"auto", &d2l::masked_softmax}};
+      {"composite", masked_softmax_by(Path::kComposite)},
+      {"fused", masked_softmax_by(Path::kFused)},
+      {"auto", masked_softmax_by(Path::kAuto)}};
   torch::manual_seed(32);
   for (int64_t m : {5, 13}) {
     const auto lens = hostile_lens(m);
@@ -194,10 +196,10 @@ void check_dot_product_numerics(const torch::Device& device) {
   const auto lens = torch::tensor({0, 4, 11});
   const auto q = torch::randn({B, n, d}, torch::kDouble), v = torch::randn({B, m, 2}, torch::kDouble);
   const auto G = torch::randn({B, n, 2}, torch::kDouble);
-  auto attend = [&](Impl impl) {
-    return [&lens, impl](const torch::Tensor& qq, const torch::Tensor& kk, const torch::Tensor& vv) {
+  auto attend = [&](Path path) {
+    return [&lens, path](const torch::Tensor& qq, const torch::Tensor& kk, const torch::Tensor& vv) {
       return std::get<0>(d2l::functional::dot_product_attention(
-          qq, kk, vv, lens.to(qq.device()), 0, false, impl));
+          qq, kk, vv, lens.to(qq.device()), 0, false, path));
     };
   };
   for (const auto& c : kDtypeCases) {
@@ -205,13 +207,13 @@ void check_dot_product_numerics(const torch::Device& device) {
     // Large enough that q . k overflows in this dtype.
     const double hostile = c.dtype == torch::kDouble ? 1e308 : c.dtype == torch::kHalf ? 6e4 : 3e38;
     const auto [keys, clean] = keys_with_hostile_masked_rows(B, m, d, lens, hostile);
-    const auto want = output_and_grads(attend(Impl::kComposite), {q, clean, v}, {}, G);
-    for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
-      if (impl == Impl::kFused && !device.is_cpu()) continue;
-      const auto what = describe(fmt::format("dot_product_attention impl={}", static_cast<int>(impl)),
+    const auto want = output_and_grads(attend(Path::kComposite), {q, clean, v}, {}, G);
+    for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
+      if (path == Path::kFused && !device.is_cpu()) continue;
+      const auto what = describe(fmt::format("dot_product_attention path={}", static_cast<int>(path)),
                                  c, device);
       auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
-      const auto got = output_and_grads(attend(impl), {cast(q), cast(keys), cast(v)}, {}, G);
+      const auto got = output_and_grads(attend(path), {cast(q), cast(keys), cast(v)}, {}, G);
       expect_same_outputs_and_grads(got, want, c.tolerance, what);
     }
   }
@@ -239,14 +241,14 @@ void check_additive_numerics(const torch::Device& device) {
     if (c.dtype == torch::kHalf && device.is_cpu()) continue;
     const double hostile = c.dtype == torch::kHalf ? 6e4 : 1e30;
     const auto [keys, clean] = keys_with_hostile_masked_rows(B, m, d, lens, hostile);
-    for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
-      if (impl == Impl::kFused && !device.is_cpu()) continue;
+    for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
+      if (path == Path::kFused && !device.is_cpu()) continue;
       const auto what =
-          describe(fmt::format("AdditiveAttention impl={}", static_cast<int>(impl)), c, device);
+          describe(fmt::format("AdditiveAttention path={}", static_cast<int>(path)), c, device);
       torch::manual_seed(35);
-      d2l::AdditiveAttention attention(d2l::AdditiveAttentionOptions(d, 6, 7).impl(impl));
+      d2l::AdditiveAttention attention(d2l::AdditiveAttentionOptions(d, 6, 7).path(path));
       torch::manual_seed(35);
-      d2l::AdditiveAttention reference(d2l::AdditiveAttentionOptions(d, 6, 7).impl(Impl::kComposite));
+      d2l::AdditiveAttention reference(d2l::AdditiveAttentionOptions(d, 6, 7).path(Path::kComposite));
       attention->to(device, c.dtype);
       reference->to(torch::kDouble);
       auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
@@ -292,11 +294,11 @@ TEST(ReliabilityNumerics, RowsWithNoValidPositionGiveZerosAndZeroGradients) {
       const auto q = torch::randn({2, 3, 4}, options), k = torch::randn({2, 5, 4}, options);
       const auto v = torch::randn({2, 5, 3}, options);
       const auto G = torch::randn({2, 3, 3}, torch::kDouble);
-      for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
-        if (impl == Impl::kFused && !device.is_cpu()) continue;
-        const auto what = describe(fmt::format("impl={}", static_cast<int>(impl)), c, device);
-        d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(impl));
-        d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).impl(impl));
+      for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
+        if (path == Path::kFused && !device.is_cpu()) continue;
+        const auto what = describe(fmt::format("path={}", static_cast<int>(path)), c, device);
+        d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(path));
+        d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).path(path));
         additive->to(device, c.dtype);
         for (const auto& lens : no_valid) {
           if (c.dtype == torch::kHalf && device.is_cpu()) continue;  // no CPU float16 bmm
@@ -320,12 +322,12 @@ TEST(ReliabilityNumerics, FloatingLengthsBeyondInt64MeanAllValid) {
   torch::manual_seed(38);
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 3});
   const auto huge = torch::tensor({1e20, 3.0}), plain = torch::tensor({5, 3});
-  for (Impl impl : {Impl::kComposite, Impl::kFused, Impl::kAuto}) {
-    d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().impl(impl));
-    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).impl(impl));
-    EXPECT_TRUE(torch::equal(dot(q, k, v, huge), dot(q, k, v, plain))) << static_cast<int>(impl);
+  for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
+    d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(path));
+    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).path(path));
+    EXPECT_TRUE(torch::equal(dot(q, k, v, huge), dot(q, k, v, plain))) << static_cast<int>(path);
     EXPECT_TRUE(torch::equal(additive(q, k, v, huge), additive(q, k, v, plain)))
-        << static_cast<int>(impl);
+        << static_cast<int>(path);
   }
 }
 
@@ -342,7 +344,7 @@ TEST(ReliabilityNumerics, NonFiniteValidScoresNeverLeakIntoMaskedPositions) {
   }
   const auto saved = d2l::cpu_isa();
   const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
-      {"composite", &d2l::composite::masked_softmax}, {"fused", &d2l::fused::masked_softmax}};
+      {"composite", masked_softmax_by(Path::kComposite)}, {"fused", masked_softmax_by(Path::kFused)}};
   for (const auto isa : isas) {
     d2l::set_cpu_isa(isa);
     for (int64_t m : {2, 5, 6, 9, 13, 17, 33}) {
