@@ -14,6 +14,7 @@
 // every prefix of an input is itself an input.
 
 #include <d2l/attention.h>
+#include <d2l/viz/heatmap.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
