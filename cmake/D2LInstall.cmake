@@ -3,11 +3,22 @@ include(CMakePackageConfigHelpers)
 
 set(D2L_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/d2l_attention")
 
-install(TARGETS d2l_attention EXPORT d2l_attentionTargets
+# d2l::viz goes into the same export set, so that the package provides it
+# whenever it was built.
+set(D2L_INSTALL_TARGETS d2l_attention)
+set(D2L_HEADER_EXCLUDES "")
+if(TARGET d2l_viz)
+  list(APPEND D2L_INSTALL_TARGETS d2l_viz)
+else()
+  # No headers without their library.
+  set(D2L_HEADER_EXCLUDES PATTERN viz EXCLUDE PATTERN viz.h EXCLUDE
+                          PATTERN heatmap.h EXCLUDE PATTERN plot.h EXCLUDE)
+endif()
+install(TARGETS ${D2L_INSTALL_TARGETS} EXPORT d2l_attentionTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY include/d2l DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/d2l DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${D2L_HEADER_EXCLUDES})
 install(EXPORT d2l_attentionTargets NAMESPACE d2l:: DESTINATION ${D2L_CMAKE_DIR})
 
 configure_package_config_file(cmake/d2l_attentionConfig.cmake.in

@@ -6,6 +6,7 @@
 // heatmaps as SVG files into DIR (default: ./heatmaps).
 
 #include <d2l/attention.h>
+#include <d2l/viz/heatmap.h>
 #include <torch/torch.h>
 
 #include <fmt/format.h>

@@ -8,6 +8,7 @@
 // into DIR (default: ./nadaraya_watson_out).
 
 #include <d2l/attention.h>
+#include <d2l/viz.h>
 #include <torch/torch.h>
 
 #include <fmt/format.h>

@@ -21,6 +21,7 @@
 // 27 s on 1).
 
 #include <d2l/attention.h>
+#include <d2l/viz.h>
 #include <torch/torch.h>
 
 #include <fmt/format.h>

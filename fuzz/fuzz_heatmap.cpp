@@ -1,7 +1,7 @@
 // fuzz_attention's heatmap area: heatmaps_svg and heatmaps_ansi with any rank,
 // dtype, size, title and label text and colour map.
 
-#include <d2l/heatmap.h>
+#include <d2l/viz/heatmap.h>
 
 #include <string>
 #include <vector>

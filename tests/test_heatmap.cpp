@@ -1,113 +1,25 @@
-#include <d2l/heatmap.h>
+// d2l::heatmaps_svg: what the document draws, and the errors for input it
+// cannot draw. The terminal preview is in test_heatmap_ansi.cpp, the file
+// that show_heatmaps writes in test_show_heatmaps.cpp.
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
-#include <filesystem>
-#include <fstream>
-#include <limits>
-#include <regex>
-#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include "heatmap_helpers.h"
 
 namespace {
 
+using namespace d2l::testing::heatmap;
 using ::testing::AllOf;
 using ::testing::Each;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "no c10::Error thrown";
-}
-
-size_t count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = text.find(needle); pos != std::string::npos;
-       pos = text.find(needle, pos + needle.size())) {
-    ++n;
-  }
-  return n;
-}
-
-struct Cell {
-  std::string fill;
-  std::string title;
-};
-
-/// The cell rects in document order (panel by panel, row-major in each).
-std::vector<Cell> cells(const std::string& svg) {
-  static const std::regex cell_re(
-      R"re(<rect class="cell" [^>]*fill="([^"]+)"><title>([^<]*)</title></rect>)re");
-  std::vector<Cell> out;
-  for (std::sregex_iterator it(svg.begin(), svg.end(), cell_re), end; it != end; ++it) {
-    out.push_back({(*it)[1], (*it)[2]});
-  }
-  return out;
-}
-
-struct Rgb {
-  int r, g, b;
-};
-
-Rgb parse_hex(const std::string& fill) {
-  EXPECT_THAT(fill, ::testing::MatchesRegex("#[0-9a-f]{6}"));
-  const auto channel = [&](int k) { return std::stoi(fill.substr(1 + 2 * k, 2), nullptr, 16); };
-  return {channel(0), channel(1), channel(2)};
-}
-
-/// The text of every <text> element inside the first <g class="NAME">.
-std::vector<std::string> texts_in_group(const std::string& svg, const std::string& name) {
-  const auto begin = svg.find("<g class=\"" + name + "\"");
-  if (begin == std::string::npos) return {};
-  const auto end = svg.find("</g>", begin);
-  const std::string group = svg.substr(begin, end - begin);
-  static const std::regex text_re(R"(<text[^>]*>([^<]*)</text>)");
-  std::vector<std::string> out;
-  for (std::sregex_iterator it(group.begin(), group.end(), text_re), e; it != e; ++it) {
-    out.push_back((*it)[1]);
-  }
-  return out;
-}
-
-/// Empty if every element is closed in order; else what went wrong.
-std::string nesting_error(const std::string& svg) {
-  std::vector<std::string> open;
-  for (size_t pos = svg.find('<'); pos != std::string::npos; pos = svg.find('<', pos + 1)) {
-    const size_t close = svg.find('>', pos);
-    if (close == std::string::npos) return "unterminated tag";
-    const std::string tag = svg.substr(pos + 1, close - pos - 1);
-    if (tag.empty() || tag[0] == '?') continue;
-    if (tag[0] == '/') {
-      if (open.empty() || open.back() != tag.substr(1)) {
-        return "unexpected </" + tag.substr(1) + ">";
-      }
-      open.pop_back();
-    } else if (tag.back() != '/') {
-      open.push_back(tag.substr(0, tag.find_first_of(" \n")));
-    }
-  }
-  return open.empty() ? "" : "unclosed <" + open.back() + ">";
-}
-
-torch::Tensor arange_matrices(int64_t rows, int64_t cols, int64_t h, int64_t w) {
-  return torch::arange(rows * cols * h * w, torch::kDouble).reshape({rows, cols, h, w});
-}
 
 TEST(HeatmapSvg, IsAWellFormedStandaloneDocument) {
   const auto svg =
@@ -467,115 +379,6 @@ TEST(HeatmapErrors, NameTheFunctionThatWasCalled) {
                 d2l::show_heatmaps(arange_matrices(1, 2, 2, 2), "x", "y", "unused.svg", {"t"});
               }),
               StartsWith("d2l::show_heatmaps: titles has 1 entries for 2 columns"));
-}
-
-class ShowHeatmaps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ =
-        std::filesystem::path(::testing::TempDir()) / (std::string("d2l_heatmap_") + info->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  static std::string read(const std::filesystem::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
-  std::filesystem::path dir_;
-};
-
-TEST_F(ShowHeatmaps, WritesTheSvgOfTheSameOptions) {
-  const auto m = torch::rand({2, 2, 3, 5});
-  const auto path = dir_ / "weights.svg";
-  d2l::show_heatmaps(m, "Keys", "Queries", path.string(), {"a", "b"}, {3.0, 2.0}, "viridis");
-  const auto expected = d2l::heatmaps_svg(m, d2l::HeatmapOptions()
-                                                 .xlabel("Keys")
-                                                 .ylabel("Queries")
-                                                 .titles({"a", "b"})
-                                                 .figsize({3.0, 2.0})
-                                                 .cmap("viridis"));
-  EXPECT_EQ(read(path), expected);
-}
-
-TEST_F(ShowHeatmaps, OverwritesAnExistingFile) {
-  const auto path = dir_ / "weights.svg";
-  std::ofstream(path) << std::string(100000, 'x');
-  const auto m = arange_matrices(1, 1, 2, 2);
-  d2l::show_heatmaps(m, "", "", path.string());
-  EXPECT_EQ(read(path), d2l::heatmaps_svg(m));
-}
-
-TEST_F(ShowHeatmaps, ThrowsNamingAnUnwritablePath) {
-  const auto path = (dir_ / "missing" / "weights.svg").string();
-  EXPECT_THAT(error_of([&] { d2l::show_heatmaps(arange_matrices(1, 1, 2, 2), "x", "y", path); }),
-              AllOf(StartsWith("d2l::show_heatmaps: cannot open"), HasSubstr(path)));
-}
-
-TEST_F(ShowHeatmaps, BadInputCreatesNoFile) {
-  const auto path = dir_ / "weights.svg";
-  EXPECT_THAT(error_of([&] {
-                d2l::show_heatmaps(torch::rand({2, 2}), "x", "y", path.string());
-              }),
-              StartsWith("d2l::show_heatmaps"));
-  EXPECT_FALSE(std::filesystem::exists(path));
-}
-
-constexpr const char* kBackground = "\x1b[48;2;";
-constexpr const char* kReset = "\x1b[0m";
-
-TEST(HeatmapAnsi, OneColouredCellPerEntryAndAResetPerPanelLine) {
-  const auto text = d2l::heatmaps_ansi(arange_matrices(2, 3, 4, 5));
-  constexpr size_t kRamp = 8;  // legend swatches
-  EXPECT_EQ(count(text, kBackground), 2u * 3 * 4 * 5 + kRamp);
-  EXPECT_EQ(count(text, kBackground + std::string("255;245;240m  ")), 1u);  // the minimum cell
-  // One reset per panel per line (so the gaps stay uncoloured), one for the legend.
-  EXPECT_EQ(count(text, kReset), 2u * 3 * 4 + 1);
-  EXPECT_EQ(count(text, std::string(kReset) + "\n"), 2u * 4);
-  EXPECT_EQ(count(text, std::string(kReset) + "  " + kBackground), 2u * 4 * 2);
-  EXPECT_THAT(text, HasSubstr("Reds "));
-  EXPECT_THAT(text, HasSubstr(" 0 … 119"));
-}
-
-TEST(HeatmapAnsi, MatchesTheSvgColours) {
-  const auto m = torch::rand({1, 1, 2, 3});
-  const auto c = cells(d2l::heatmaps_svg(m, d2l::HeatmapOptions().cmap("viridis")));
-  const auto text = d2l::heatmaps_ansi(m, d2l::HeatmapOptions().cmap("viridis"));
-  for (const auto& cell : c) {
-    const Rgb rgb = parse_hex(cell.fill);
-    EXPECT_THAT(text, HasSubstr(fmt::format("{}{};{};{}m  ", kBackground, rgb.r, rgb.g, rgb.b)));
-  }
-}
-
-TEST(HeatmapAnsi, ShowsTitlesLabelsAndNaN) {
-  const auto m = torch::tensor({0.0, kNaN, 1.0, 2.0}, torch::kDouble).reshape({1, 2, 1, 2});
-  const auto text = d2l::heatmaps_ansi(
-      m, d2l::HeatmapOptions().titles({"Head 1", "H2"}).xlabel("Keys").ylabel("Queries"));
-  EXPECT_THAT(text, HasSubstr("rows: Queries\n"));
-  EXPECT_THAT(text, HasSubstr("columns: Keys\n"));
-  // Panels are two cells (four columns) wide: long titles are cut.
-  EXPECT_THAT(text, HasSubstr("Hea…  H2  \n"));
-  EXPECT_THAT(text, HasSubstr(" 0 … 2"));
-  EXPECT_THAT(text, HasSubstr("NaN "));
-  EXPECT_EQ(count(text, kBackground), 4u + 8 + 1);
-}
-
-TEST(HeatmapAnsi, TitlesOnceAboveTheTopRowAndABlankLineBetweenRows) {
-  const auto text = d2l::heatmaps_ansi(arange_matrices(2, 2, 1, 3),
-                                       d2l::HeatmapOptions().titles({"left", "right"}));
-  EXPECT_EQ(count(text, "left    right \n"), 1u);
-  EXPECT_EQ(count(text, std::string(kReset) + "\n\n" + kBackground), 1u);
-}
-
-TEST(HeatmapAnsi, ConstantMatrixHasNoNaN) {
-  const auto text = d2l::heatmaps_ansi(torch::full({1, 1, 2, 2}, 3.0));
-  EXPECT_THAT(text, Not(HasSubstr("nan")));
-  EXPECT_THAT(text, HasSubstr(" 3 … 3"));
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // Exits 0 only if the library it was built against computes the book's toy
-// example correctly.
+// example correctly (and, where the package has d2l::viz, draws a plot).
 #include <d2l/attention.h>
+#ifdef D2L_CONSUMER_USES_VIZ
+#include <d2l/viz.h>
+#endif
 
 #include <iostream>
 #include <string>
@@ -18,9 +21,14 @@ int main() {
                               std::to_string(TORCH_VERSION_MINOR) + "." +
                               std::to_string(TORCH_VERSION_PATCH);
   const bool same_torch = headers == d2l::torch_version();
+#ifdef D2L_CONSUMER_USES_VIZ
+  const bool plots = d2l::plot_svg({{{0, 1}, {0, 1}, "y", "-"}}).rfind("<svg ", 0) == 0;
+#else
+  const bool plots = true;
+#endif
   std::cout << "d2l_attention " << D2L_ATTENTION_VERSION << " on LibTorch " << d2l::torch_version()
             << (ok ? ": ok" : ": WRONG RESULT")
             << (same_torch ? "" : ", but this program was compiled with LibTorch " + headers)
-            << '\n';
-  return ok && same_torch ? 0 : 1;
+            << (plots ? "" : ", but d2l::plot_svg drew no SVG") << '\n';
+  return ok && same_torch && plots ? 0 : 1;
 }

@@ -1,4 +1,7 @@
-#include <d2l/plot.h>
+// plot_svg and save_plot: the book's d2l.plot as an SVG line chart. The axes
+// are in plot_axis.cpp.
+
+#include <d2l/viz/plot.h>
 
 #include <c10/util/Exception.h>
 
@@ -7,23 +10,20 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <limits>
 
-#include "xml.h"
+#include "plot_axis.h"
+#include "svg.h"
 
 namespace d2l {
 namespace {
 
+using namespace detail;
+using namespace detail::plot;
+
 constexpr const char* kFn = "d2l::plot_svg";
-constexpr double kUnitsPerInch = 72;
-constexpr double kTickFont = 9;
-constexpr double kLabelFont = 10;
-constexpr double kTickLength = 3.5;
-// Average glyph width of a sans-serif font in ems, to size margins and the
-// legend without measuring text.
-constexpr double kGlyphWidth = 0.6;
+
 // matplotlib's default colour cycle ("tab10"), so charts look like the book's.
 constexpr std::array<const char*, 10> kCycle = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                                 "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -31,10 +31,6 @@ constexpr std::array<const char*, 10> kCycle = {"#1f77b4", "#ff7f0e", "#2ca02c",
 
 using Point = std::pair<double, double>;
 using Segments = std::vector<std::vector<Point>>;
-
-double text_width(const std::string& text, double font) {
-  return static_cast<double>(text.size()) * kGlyphWidth * font;
-}
 
 struct Style {
   std::string colour;
@@ -101,20 +97,6 @@ Style parse_style(size_t index, const Series& s, size_t& cycle_position) {
   return style;
 }
 
-// One axis: limits in plotted coordinates (log10 of the values on a log axis)
-// and the screen coordinates they map to.
-struct Axis {
-  double lo = 0, hi = 1;
-  bool log = false;
-  double screen_lo = 0, screen_hi = 1;
-  std::vector<double> ticks;  // values, not plotted coordinates
-
-  double coordinate(double v) const { return log ? std::log10(v) : v; }
-  double screen(double v) const {
-    return screen_lo + (coordinate(v) - lo) / (hi - lo) * (screen_hi - screen_lo);
-  }
-};
-
 void check_series(const std::vector<Series>& series, bool log_y) {
   for (size_t i = 0; i < series.size(); ++i) {
     const auto& s = series[i];
@@ -130,118 +112,6 @@ void check_series(const std::vector<Series>& series, bool log_y) {
   }
 }
 
-bool drawable(double x, double y) { return std::isfinite(x) && std::isfinite(y); }
-
-// (min, max) of the plotted coordinates of the drawable points, if any.
-c10::optional<Point> data_range(const std::vector<Series>& series, bool of_y, bool log) {
-  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
-  for (const auto& s : series) {
-    for (size_t j = 0; j < s.x.size(); ++j) {
-      if (!drawable(s.x[j], s.y[j])) continue;
-      const double v = of_y ? s.y[j] : s.x[j];
-      lo = std::min(lo, log ? std::log10(v) : v);
-      hi = std::max(hi, log ? std::log10(v) : v);
-    }
-  }
-  if (lo > hi) return c10::nullopt;
-  return Point(lo, hi);
-}
-
-void set_limits(Axis& axis, const PlotOptions::OptionalRange& limits, const char* name,
-                const c10::optional<Point>& data) {
-  if (limits) {
-    const auto [lo, hi] = *limits;
-    TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo < hi && (!axis.log || lo > 0),
-                fmt::format("{}: {} must be finite with lower < upper{}, got ({}, {})", kFn, name,
-                            axis.log ? " and positive on a log axis" : "", lo, hi));
-    axis.lo = axis.coordinate(lo);
-    axis.hi = axis.coordinate(hi);
-    return;
-  }
-  auto [lo, hi] = data.value_or(Point(0, 1));
-  if (lo == hi) {
-    lo -= 1;
-    hi += 1;
-  }
-  const double margin = 0.05 * (hi - lo);  // matplotlib's default margins
-  axis.lo = lo - margin;
-  axis.hi = hi + margin;
-}
-
-// The smallest step of the form {1, 2, 5} x 10^k giving at most `intervals` intervals.
-double nice_step(double span, int intervals) {
-  const double raw = span / intervals;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  for (const double m : {1.0, 2.0, 5.0}) {
-    if (m * magnitude >= raw * (1 - 1e-9)) return m * magnitude;
-  }
-  return 10 * magnitude;
-}
-
-std::vector<double> linear_ticks(double lo, double hi) {
-  const double step = nice_step(hi - lo, 6);
-  std::vector<double> ticks;
-  for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + 1e-9 * step; ++k) {
-    ticks.push_back(std::abs(k) < 0.5 ? 0.0 : k * step);
-  }
-  return ticks;
-}
-
-// Decades when the axis shows at least three (thinned to at most 7), otherwise
-// 1-2-5 (or, on a very short axis, every integer) mantissas; `lo`, `hi` are
-// log10 of the limits.
-std::vector<double> log_ticks(double lo, double hi) {
-  const auto first = static_cast<int>(std::ceil(lo - 1e-9));
-  const auto last = static_cast<int>(std::floor(hi + 1e-9));
-  std::vector<double> ticks;
-  if (last - first >= 2) {
-    const int every = (last - first) / 7 + 1;
-    for (int k = first; k <= last; k += every) ticks.push_back(std::pow(10.0, k));
-    return ticks;
-  }
-  for (const std::vector<double>& mantissas :
-       {std::vector<double>{1, 2, 5}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
-    ticks.clear();
-    for (int k = first - 1; k <= last; ++k) {
-      for (const double m : mantissas) {
-        const double v = m * std::pow(10.0, k);
-        if (std::log10(v) >= lo - 1e-9 && std::log10(v) <= hi + 1e-9) ticks.push_back(v);
-      }
-    }
-    if (ticks.size() >= 2) break;
-  }
-  return ticks;
-}
-
-bool is_decade(double v) {
-  return std::abs(std::pow(10.0, std::round(std::log10(v))) - v) <= 1e-9 * v;
-}
-
-std::string tick_label(const Axis& axis, double v) {
-  if (axis.log) {
-    // Powers of ten as such only when every tick is one; 1-2-5 ticks read better as numbers.
-    if (!std::all_of(axis.ticks.begin(), axis.ticks.end(), is_decade))
-      return fmt::format("{:g}", v);
-    return fmt::format("10<tspan dy=\"-0.5em\" font-size=\"0.7em\">{}</tspan>",
-                       static_cast<int>(std::round(std::log10(v))));
-  }
-  const double step = axis.ticks.size() > 1 ? axis.ticks[1] - axis.ticks[0] : 1;
-  const double largest = std::max(std::abs(axis.lo), std::abs(axis.hi));
-  if (largest >= 1e5 || step < 1e-4) return fmt::format("{:g}", v);
-  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
-  return fmt::format("{:.{}f}", v, decimals);
-}
-
-// Width of a tick label as drawn (a superscript counts as its digits).
-double tick_label_width(const Axis& axis, double v) {
-  const auto text = tick_label(axis, v);
-  const auto tag = text.find("<tspan");
-  if (tag == std::string::npos) return text_width(text, kTickFont);
-  const auto digits = text.substr(text.find('>') + 1);
-  return text_width("10", kTickFont) +
-         text_width(digits.substr(0, digits.find('<')), kTickFont * 0.7);
-}
-
 struct Frame {
   double width, height;
   double left, right, top, bottom;  // the plot area
@@ -251,7 +121,7 @@ Frame layout(const PlotOptions& options, const Axis& x, const Axis& y) {
   const auto [w_in, h_in] = options.figsize();
   TORCH_CHECK(w_in > 0 && h_in > 0 && std::isfinite(w_in) && std::isfinite(h_in),
               fmt::format("{}: figsize must be positive, got ({}, {})", kFn, w_in, h_in));
-  Frame f{w_in * kUnitsPerInch, h_in * kUnitsPerInch, 0, 0, 0, 0};
+  Frame f{w_in * kPointsPerInch, h_in * kPointsPerInch, 0, 0, 0, 0};
   double widest = 0;
   for (const double v : y.ticks) widest = std::max(widest, tick_label_width(y, v));
   f.left = 6 + (options.ylabel().empty() ? 0 : 1.4 * kLabelFont) + widest + kTickLength + 3;
@@ -265,7 +135,7 @@ Frame layout(const PlotOptions& options, const Axis& x, const Axis& y) {
   return f;
 }
 
-using Out = std::back_insert_iterator<std::string>;
+using Out = std::back_insert_iterator<fmt::memory_buffer>;
 
 void draw_ticks(Out out, const Frame& f, const Axis& x, const Axis& y, bool grid) {
   for (const double v : x.ticks) {
@@ -406,7 +276,7 @@ void draw_legend(Out out, const Frame& f, const std::vector<LegendEntry>& entrie
                      bx + 6 + sample / 2, cy, e.style.colour);
     }
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"entry\">{}</text>\n",
-                   bx + 6 + sample + 5, cy + 0.35 * kTickFont, detail::xml_escape(e.label));
+                   bx + 6 + sample + 5, cy + 0.35 * kTickFont, xml_escape(e.label));
   }
   fmt::format_to(out, "</g>\n");
 }
@@ -415,47 +285,36 @@ void draw_labels(Out out, const Frame& f, const PlotOptions& options) {
   const double cx = (f.left + f.right) / 2, cy = (f.top + f.bottom) / 2;
   if (!options.title().empty()) {
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"title\">{}</text>\n", cx,
-                   f.top - 6, detail::xml_escape(options.title()));
+                   f.top - 6, xml_escape(options.title()));
   }
   if (!options.xlabel().empty()) {
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"label\">{}</text>\n", cx,
-                   f.height - 5, detail::xml_escape(options.xlabel()));
+                   f.height - 5, xml_escape(options.xlabel()));
   }
   if (!options.ylabel().empty()) {
     fmt::format_to(
         out, "<text transform=\"translate({:.2f},{:.2f}) rotate(-90)\" class=\"label\">{}</text>\n",
-        4 + kLabelFont, cy, detail::xml_escape(options.ylabel()));
+        4 + kLabelFont, cy, xml_escape(options.ylabel()));
   }
 }
 
-void open_document(Out out, const Frame& f) {
-  fmt::format_to(out,
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.2f}\" height=\"{1:.2f}\" "
-                 "viewBox=\"0 0 {0:.2f} {1:.2f}\" font-family=\"DejaVu Sans, Helvetica, Arial, "
-                 "sans-serif\">\n<style>\n"
-                 ".grid {{ stroke: #b0b0b0; stroke-width: 0.8; stroke-opacity: 0.6; }}\n"
-                 ".tick {{ stroke: #000000; stroke-width: 0.8; }}\n"
+void open_document(fmt::memory_buffer& svg, const Frame& f) {
+  open_svg(svg, {f.width, f.height, /*standalone=*/false});
+  fmt::format_to(std::back_inserter(svg),
+                 "<style>\n"
+                 ".grid {{ stroke: #b0b0b0; stroke-width: {6}; stroke-opacity: 0.6; }}\n"
+                 ".tick {{ stroke: #000000; stroke-width: {6}; }}\n"
                  ".line {{ fill: none; stroke-width: 1.5; stroke-linejoin: round; "
                  "stroke-linecap: butt; }}\n"
-                 ".xtick {{ font-size: {2}px; text-anchor: middle; }}\n"
-                 ".ytick {{ font-size: {2}px; text-anchor: end; }}\n"
-                 ".entry {{ font-size: {2}px; }}\n"
-                 ".label {{ font-size: {3}px; text-anchor: middle; }}\n"
-                 ".title {{ font-size: {3}px; text-anchor: middle; }}\n</style>\n"
-                 "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
-                 "<clipPath id=\"d2l-plot-area\"><rect x=\"{4:.2f}\" y=\"{5:.2f}\" "
-                 "width=\"{6:.2f}\" height=\"{7:.2f}\"/></clipPath>\n",
-                 f.width, f.height, kTickFont, kLabelFont, f.left, f.top, f.right - f.left,
-                 f.bottom - f.top);
-}
-
-Axis make_axis(const std::vector<Series>& series, const PlotOptions& options, bool of_y) {
-  Axis axis;
-  axis.log = of_y && options.yscale() == "log";
-  set_limits(axis, of_y ? options.ylim() : options.xlim(), of_y ? "ylim" : "xlim",
-             data_range(series, of_y, axis.log));
-  axis.ticks = axis.log ? log_ticks(axis.lo, axis.hi) : linear_ticks(axis.lo, axis.hi);
-  return axis;
+                 ".xtick {{ font-size: {0}px; text-anchor: middle; }}\n"
+                 ".ytick {{ font-size: {0}px; text-anchor: end; }}\n"
+                 ".entry {{ font-size: {0}px; }}\n"
+                 ".label {{ font-size: {1}px; text-anchor: middle; }}\n"
+                 ".title {{ font-size: {1}px; text-anchor: middle; }}\n</style>\n"
+                 "<clipPath id=\"d2l-plot-area\"><rect x=\"{2:.2f}\" y=\"{3:.2f}\" "
+                 "width=\"{4:.2f}\" height=\"{5:.2f}\"/></clipPath>\n",
+                 kTickFont, kLabelFont, f.left, f.top, f.right - f.left, f.bottom - f.top,
+                 kLineWidth);
 }
 
 }  // namespace
@@ -465,14 +324,14 @@ std::string plot_svg(const std::vector<Series>& series, const PlotOptions& optio
       options.yscale() == "linear" || options.yscale() == "log",
       fmt::format("{}: yscale must be \"linear\" or \"log\", got \"{}\"", kFn, options.yscale()));
   check_series(series, options.yscale() == "log");
-  Axis x = make_axis(series, options, false), y = make_axis(series, options, true);
+  Axis x = make_axis(kFn, series, options, false), y = make_axis(kFn, series, options, true);
   const Frame f = layout(options, x, y);
   x.screen_lo = f.left, x.screen_hi = f.right;
   y.screen_lo = f.bottom, y.screen_hi = f.top;
 
-  std::string svg;
+  fmt::memory_buffer svg;
+  open_document(svg, f);
   auto out = std::back_inserter(svg);
-  open_document(out, f);
   draw_ticks(out, f, x, y, options.grid());
   std::vector<Segments> drawn;
   std::vector<LegendEntry> legend;
@@ -486,22 +345,17 @@ std::string plot_svg(const std::vector<Series>& series, const PlotOptions& optio
   }
   fmt::format_to(out,
                  "</g>\n<rect x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" height=\"{:.2f}\" "
-                 "fill=\"none\" stroke=\"#000000\" stroke-width=\"0.8\"/>\n",
-                 f.left, f.top, f.right - f.left, f.bottom - f.top);
+                 "fill=\"none\" stroke=\"#000000\" stroke-width=\"{}\"/>\n",
+                 f.left, f.top, f.right - f.left, f.bottom - f.top, kLineWidth);
   draw_legend(out, f, legend, drawn);
   draw_labels(out, f, options);
-  svg += "</svg>\n";
-  return svg;
+  close_svg(svg);
+  return fmt::to_string(svg);
 }
 
 void save_plot(const std::vector<Series>& series, const PlotOptions& options,
                const std::string& path) {
-  const auto svg = plot_svg(series, options);
-  std::ofstream file(path, std::ios::binary);
-  TORCH_CHECK(file.good(), fmt::format("d2l::save_plot: cannot open \"{}\" for writing", path));
-  file << svg;
-  file.close();
-  TORCH_CHECK(file.good(), fmt::format("d2l::save_plot: writing \"{}\" failed", path));
+  write_file("d2l::save_plot", path, plot_svg(series, options));
 }
 
 }  // namespace d2l

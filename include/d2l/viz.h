@@ -1,0 +1,6 @@
+#pragma once
+
+// Umbrella header of d2l::viz, the optional plotting library (D2L_BUILD_VIZ):
+// the book's d2l.plot and show_heatmaps. Link d2l::viz to use it.
+#include <d2l/viz/heatmap.h>
+#include <d2l/viz/plot.h>
