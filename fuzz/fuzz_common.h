@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -130,6 +131,39 @@ struct QKVArgs {
 // Queries (B, n, dq), keys (B, m, dk), values (B, m, dv): mostly consistent,
 // sometimes with one dimension, rank or dtype wrong.
 QKVArgs make_qkv(Bytes& in, bool same_feature_size);
+
+// What every attention module promises, for `attention` (configured with
+// `options`, mode already set) on `a` under a random grad mode: weights kept
+// only when asked and masked, a finite output for tame inputs, and a clean
+// backward to `leaves` and the inputs.
+template <typename Holder, typename Options>
+void check_attention_module(Bytes& in, Holder& attention, const Options& options,
+                            const QKVArgs& a, std::vector<torch::Tensor> leaves) {
+  const auto grad_mode = pick_grad_mode(in);
+  std::ostringstream description;
+  description << *attention << " path=" << static_cast<int>(options.path())
+              << " record=" << options.record_attention_weights()
+              << " training=" << attention->is_training()
+              << " grad_mode=" << static_cast<int>(grad_mode);
+  current.description = description.str();
+  for (const auto& p : attention->named_parameters()) note(p.key(), p.value());
+  torch::Tensor out;
+  {
+    GradModeScope scope(grad_mode);
+    out = attention(a.queries.value, a.keys.value, a.values.value, a.lens);
+  }
+  note("out", out);
+  note("attention_weights", attention->attention_weights);
+  const int64_t B = a.queries.value.size(0), n = a.queries.value.size(1), m = a.keys.value.size(1);
+  if (options.record_attention_weights()) {
+    check_weights(attention->attention_weights, valid_mask(a.lens, B, n, m), a.tame_inputs);
+  } else {
+    FUZZ_CHECK(!attention->attention_weights.defined(), "weights recorded while turned off");
+  }
+  if (a.tame_inputs) FUZZ_CHECK(all_finite(out), "output not finite for finite inputs");
+  leaves.insert(leaves.end(), {a.queries.leaf, a.keys.leaf, a.values.leaf});
+  check_backward(out, leaves, a.tame_inputs, in);
+}
 
 // The fuzzed areas, one per value of the input's first byte (fuzz_attention.cpp).
 void fuzz_sequence_mask(Bytes& in);    // fuzz_masking.cpp

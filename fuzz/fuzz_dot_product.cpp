@@ -45,29 +45,7 @@ void fuzz_dot_product_module(Bytes& in) {
                            .record_attention_weights(in.flag());
   d2l::DotProductAttention attention(options);
   attention->train(in.flag());
-  const auto grad_mode = pick_grad_mode(in);
-  std::ostringstream description;
-  description << *attention << " path=" << static_cast<int>(options.path())
-              << " record=" << options.record_attention_weights()
-              << " training=" << attention->is_training()
-              << " grad_mode=" << static_cast<int>(grad_mode);
-  current.description = description.str();
-  for (const auto& p : attention->named_parameters()) note(p.key(), p.value());
-  torch::Tensor out;
-  {
-    GradModeScope scope(grad_mode);
-    out = attention(a.queries.value, a.keys.value, a.values.value, a.lens);
-  }
-  note("out", out);
-  note("attention_weights", attention->attention_weights);
-  const int64_t B = a.queries.value.size(0), n = a.queries.value.size(1), m = a.keys.value.size(1);
-  if (options.record_attention_weights()) {
-    check_weights(attention->attention_weights, valid_mask(a.lens, B, n, m), a.tame_inputs);
-  } else {
-    FUZZ_CHECK(!attention->attention_weights.defined(), "weights recorded while turned off");
-  }
-  if (a.tame_inputs) FUZZ_CHECK(all_finite(out), "output not finite for finite inputs");
-  check_backward(out, {a.queries.leaf, a.keys.leaf, a.values.leaf}, a.tame_inputs, in);
+  check_attention_module(in, attention, options, a, {});
 }
 
 }  // namespace d2l_fuzz

@@ -137,30 +137,23 @@ Frame layout(const PlotOptions& options, const Axis& x, const Axis& y) {
 
 using Out = std::back_insert_iterator<fmt::memory_buffer>;
 
+void draw_line(Out out, double x1, double y1, double x2, double y2, const char* cls) {
+  fmt::format_to(out, "<line x1=\"{:.2f}\" y1=\"{:.2f}\" x2=\"{:.2f}\" y2=\"{:.2f}\" class=\"{}\"/>\n",
+                 x1, y1, x2, y2, cls);
+}
+
 void draw_ticks(Out out, const Frame& f, const Axis& x, const Axis& y, bool grid) {
   for (const double v : x.ticks) {
     const double sx = x.screen(v);
-    if (grid)
-      fmt::format_to(
-          out,
-          "<line x1=\"{0:.2f}\" y1=\"{1:.2f}\" x2=\"{0:.2f}\" y2=\"{2:.2f}\" class=\"grid\"/>\n",
-          sx, f.top, f.bottom);
-    fmt::format_to(
-        out, "<line x1=\"{0:.2f}\" y1=\"{1:.2f}\" x2=\"{0:.2f}\" y2=\"{2:.2f}\" class=\"tick\"/>\n",
-        sx, f.bottom, f.bottom + kTickLength);
+    if (grid) draw_line(out, sx, f.top, sx, f.bottom, "grid");
+    draw_line(out, sx, f.bottom, sx, f.bottom + kTickLength, "tick");
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"xtick\">{}</text>\n", sx,
                    f.bottom + kTickLength + 2 + kTickFont, tick_label(x, v));
   }
   for (const double v : y.ticks) {
     const double sy = y.screen(v);
-    if (grid)
-      fmt::format_to(
-          out,
-          "<line x1=\"{1:.2f}\" y1=\"{0:.2f}\" x2=\"{2:.2f}\" y2=\"{0:.2f}\" class=\"grid\"/>\n",
-          sy, f.left, f.right);
-    fmt::format_to(
-        out, "<line x1=\"{1:.2f}\" y1=\"{0:.2f}\" x2=\"{2:.2f}\" y2=\"{0:.2f}\" class=\"tick\"/>\n",
-        sy, f.left - kTickLength, f.left);
+    if (grid) draw_line(out, f.left, sy, f.right, sy, "grid");
+    draw_line(out, f.left - kTickLength, sy, f.left, sy, "tick");
     fmt::format_to(out, "<text x=\"{:.2f}\" y=\"{:.2f}\" class=\"ytick\">{}</text>\n",
                    f.left - kTickLength - 2, sy + 0.35 * kTickFont, tick_label(y, v));
   }

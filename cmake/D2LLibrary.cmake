@@ -1,0 +1,30 @@
+# d2l_add_library(<target> <export name> <sources>...): a library of this
+# project, set up the one way: alias d2l::<export name>, version, public
+# headers from include/ (build and install), private headers from its own
+# folder, fmt kept private, warnings, sanitizers (coverage for the fuzzers)
+# and the precompiled torch header.
+function(d2l_add_library target export_name)
+  add_library(${target} ${ARGN})
+  add_library(d2l::${export_name} ALIAS ${target})
+  set_target_properties(${target} PROPERTIES
+    VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
+    POSITION_INDEPENDENT_CODE ON
+    EXPORT_NAME ${export_name})
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:${D2L_FMT_TARGET}>)
+  if(NOT D2L_FMT_INCLUDE_DIR AND NOT BUILD_SHARED_LIBS)
+    target_link_libraries(${target} PRIVATE $<INSTALL_INTERFACE:fmt::fmt>)
+  endif()
+  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  if(D2L_BUILD_FUZZERS)
+    d2l_sanitize(${target} FUZZ_COVERAGE)
+  else()
+    d2l_sanitize(${target})
+  endif()
+  if(D2L_USE_PCH)
+    target_precompile_headers(${target} PRIVATE <torch/torch.h>)
+  endif()
+endfunction()
