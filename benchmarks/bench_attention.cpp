@@ -40,12 +40,9 @@ struct Inputs {
 
 Inputs make_inputs(const Shape& s) {
   torch::manual_seed(0);
-  return {torch::randn({s.B, s.n, s.m}),
-          torch::randint(1, s.m + 1, {s.B}),
-          torch::randn({s.B, s.n, s.d}),
-          torch::randn({s.B, s.m, s.d}),
-          torch::randn({s.B, s.m, s.d}),
-          torch::randn({s.B, s.n, s.m}),
+  return {torch::randn({s.B, s.n, s.m}), torch::randint(1, s.m + 1, {s.B}),
+          torch::randn({s.B, s.n, s.d}), torch::randn({s.B, s.m, s.d}),
+          torch::randn({s.B, s.m, s.d}), torch::randn({s.B, s.n, s.m}),
           torch::randn({s.B, s.n, s.d})};
 }
 
@@ -114,9 +111,9 @@ std::map<std::string, CaseFactory> cases_for(d2l::Path path) {
   };
   c["additive_fwdbwd"] = [=](const Shape& s, const Inputs& in) {
     auto a = additive_module(s, path);
-    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
-                            [=](const auto& x) mutable { return a(x[0], x[1], x[2], in.lens); },
-                            a->parameters());
+    return forward_backward(
+        {in.queries, in.keys, in.values}, in.upstream_out,
+        [=](const auto& x) mutable { return a(x[0], x[1], x[2], in.lens); }, a->parameters());
   };
   return c;
 }
@@ -201,10 +198,10 @@ std::map<std::string, CaseFactory> sdpa_cases() {
   }
 #if D2L_HAS_SDPA
   auto sdpa = [](const Inputs& in, const std::vector<torch::Tensor>& x) {
-    const auto mask = (torch::arange(x[1].size(1)) < in.lens.view({-1, 1})).view(
-        {x[1].size(0), 1, 1, x[1].size(1)});
-    return at::scaled_dot_product_attention(x[0].unsqueeze(1), x[1].unsqueeze(1),
-                                            x[2].unsqueeze(1), mask)
+    const auto mask = (torch::arange(x[1].size(1)) < in.lens.view({-1, 1}))
+                          .view({x[1].size(0), 1, 1, x[1].size(1)});
+    return at::scaled_dot_product_attention(x[0].unsqueeze(1), x[1].unsqueeze(1), x[2].unsqueeze(1),
+                                            mask)
         .squeeze(1);
   };
   c["sdpa_fwd"] = [=](const Shape&, const Inputs& in) {
@@ -257,15 +254,19 @@ Config parse(int& argc, char** argv) {
 
 void register_case(const std::string& name, const Shape& shape, int threads,
                    const CaseFactory& factory, bool memory) {
-  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
-    at::set_num_threads(threads);
-    const Inputs inputs = make_inputs(shape);
-    Body body = factory(shape, inputs);
-    body();  // warm-up: allocator, OpenMP pool, lazy initialisation
-    if (memory) state.counters["peak_rss_delta_bytes"] = peak_rss_delta(body);
-    for (auto _ : state) body();
-    state.counters["threads"] = threads;
-  })->UseRealTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [=](benchmark::State& state) {
+                                 at::set_num_threads(threads);
+                                 const Inputs inputs = make_inputs(shape);
+                                 Body body = factory(shape, inputs);
+                                 body();  // warm-up: allocator, OpenMP pool, lazy initialisation
+                                 if (memory)
+                                   state.counters["peak_rss_delta_bytes"] = peak_rss_delta(body);
+                                 for (auto _ : state) body();
+                                 state.counters["threads"] = threads;
+                               })
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace

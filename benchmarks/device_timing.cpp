@@ -34,9 +34,8 @@ namespace {
 
 using d2l::bench::Shape;
 
-const std::vector<Shape> kShapes = {{"mid", 32, 128, 128, 64, 64},
-                                    {"big", 8, 512, 512, 64, 128},
-                                    {"long", 2, 4096, 4096, 64, 64}};
+const std::vector<Shape> kShapes = {
+    {"mid", 32, 128, 128, 64, 64}, {"big", 8, 512, 512, 64, 128}, {"long", 2, 4096, 4096, 64, 64}};
 
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
@@ -59,7 +58,8 @@ double peak_bytes(const torch::Device& device, const std::function<void()>& fn) 
   return device.is_cpu() ? d2l::bench::peak_rss_delta(fn) : -1;
 }
 
-double median_seconds(const torch::Device& device, int repetitions, const std::function<void()>& fn) {
+double median_seconds(const torch::Device& device, int repetitions,
+                      const std::function<void()>& fn) {
   fn();  // warm-up: kernels, allocator, autotuning
   synchronize(device);
   std::vector<double> times;
@@ -67,14 +67,15 @@ double median_seconds(const torch::Device& device, int repetitions, const std::f
     const auto start = std::chrono::steady_clock::now();
     fn();
     synchronize(device);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
 
-using Forward = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
-                                            const torch::Tensor&)>;
+using Forward =
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
 
 std::function<void()> pass(const Forward& f, const torch::Tensor& q, const torch::Tensor& k,
                            const torch::Tensor& v, bool backward) {
@@ -108,9 +109,12 @@ int main(int argc, char** argv) {
   int repetitions = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
-    if (arg == "--device") device_name = argv[i + 1];
-    else if (arg == "--shapes") shapes = split(argv[i + 1]);
-    else if (arg == "--repetitions") repetitions = std::max(1, std::stoi(argv[i + 1]));
+    if (arg == "--device")
+      device_name = argv[i + 1];
+    else if (arg == "--shapes")
+      shapes = split(argv[i + 1]);
+    else if (arg == "--repetitions")
+      repetitions = std::max(1, std::stoi(argv[i + 1]));
     else {
       std::cerr << "unknown argument " << arg << "\n";
       return 2;
@@ -135,11 +139,11 @@ int main(int argc, char** argv) {
              {"dot, weights (kAuto)", d2l::Path::kAuto, true},
              {"dot, no weights (kAuto)", d2l::Path::kAuto, false},
              {"dot (kComposite)", d2l::Path::kComposite, true}}) {
-      cases.emplace_back(name, [=, path = path, weights = weights](const auto& a, const auto& b,
-                                                                   const auto& c) {
-        return std::get<0>(d2l::functional::dot_product_attention(a, b, c, lens, 0.0, false, path,
-                                                                  weights));
-      });
+      cases.emplace_back(
+          name, [=, path = path, weights = weights](const auto& a, const auto& b, const auto& c) {
+            return std::get<0>(
+                d2l::functional::dot_product_attention(a, b, c, lens, 0.0, false, path, weights));
+          });
     }
 #if D2L_HAS_SDPA
     cases.emplace_back("SDPA, key-padding mask", [=](const auto& a, const auto& b, const auto& c) {
@@ -149,19 +153,20 @@ int main(int argc, char** argv) {
           .squeeze(1);
     });
 #endif
-    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(shape.d, shape.d, shape.h)
-                                        .record_attention_weights(false));
+    d2l::AdditiveAttention additive(
+        d2l::AdditiveAttentionOptions(shape.d, shape.d, shape.h).record_attention_weights(false));
     additive->to(device);
-    cases.emplace_back("additive (kAuto)", [=](const auto& a, const auto& b, const auto& c) mutable {
-      return additive(a, b, c, lens);
-    });
-    d2l::MultiHeadAttention mha(d2l::MultiHeadAttentionOptions(shape.d, shape.d, shape.d, shape.d, 8)
-                                    .record_attention_weights(false));
+    cases.emplace_back("additive (kAuto)",
+                       [=](const auto& a, const auto& b, const auto& c) mutable {
+                         return additive(a, b, c, lens);
+                       });
+    d2l::MultiHeadAttention mha(
+        d2l::MultiHeadAttentionOptions(shape.d, shape.d, shape.d, shape.d, 8)
+            .record_attention_weights(false));
     mha->to(device);
-    cases.emplace_back("multi-head, 8 heads, no weights", [=](const auto& a, const auto& b,
-                                                              const auto& c) mutable {
-      return mha(a, b, c, lens);
-    });
+    cases.emplace_back(
+        "multi-head, 8 heads, no weights",
+        [=](const auto& a, const auto& b, const auto& c) mutable { return mha(a, b, c, lens); });
 
     for (const auto& [name, f] : cases) {
       // Additive attention at `long` evaluates 2^31 tanh: seconds a call on

@@ -31,7 +31,8 @@ std::string format_tensor(const torch::Tensor& x, int depth = 0) {
 }
 
 void show(const std::string& title, const torch::Tensor& t) {
-  fmt::print("{} {}\n{}\n\n", title, fmt::join(t.sizes(), "x"), format_tensor(t.detach().to(torch::kCPU, torch::kDouble)));
+  fmt::print("{} {}\n{}\n\n", title, fmt::join(t.sizes(), "x"),
+             format_tensor(t.detach().to(torch::kCPU, torch::kDouble)));
 }
 
 struct Args {
@@ -61,7 +62,8 @@ void draw(const Args& args, const torch::Tensor& weights, const std::string& nam
   d2l::show_heatmaps(matrices, "Keys", "Queries", path);
   fmt::print("wrote {}\n", path);
   if (args.preview) {
-    std::cout << d2l::heatmaps_ansi(matrices, d2l::HeatmapOptions().xlabel("Keys").ylabel("Queries"))
+    std::cout << d2l::heatmaps_ansi(matrices,
+                                    d2l::HeatmapOptions().xlabel("Keys").ylabel("Queries"))
               << '\n';
   }
 }

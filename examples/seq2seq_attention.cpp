@@ -48,8 +48,9 @@ namespace {
 void prefer_passive_openmp_waits(int, char**, char**) {
   setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
 }
-__attribute__((section(".preinit_array"), used)) void (*const preinit_openmp)(int, char**, char**) =
-    prefer_passive_openmp_waits;
+__attribute__((section(".preinit_array"),
+               used)) void (*const preinit_openmp)(int, char**,
+                                                   char**) = prefer_passive_openmp_waits;
 
 using d2l::examples::Sentence;
 using d2l::examples::Vocab;
@@ -148,9 +149,9 @@ std::pair<std::vector<Sentence>, std::vector<Sentence>> make_pairs(const Languag
 d2l::EncoderDecoder make_model(const Language& lang, bool attention) {
   d2l::Seq2SeqEncoder encoder(lang.source_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers,
                               kDropout);
-  const auto options = d2l::Seq2SeqOptions(lang.target_vocab.size(), kEmbedSize, kNumHiddens,
-                                           kNumLayers)
-                           .dropout(kDropout);
+  const auto options =
+      d2l::Seq2SeqOptions(lang.target_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers)
+          .dropout(kDropout);
   if (attention) return d2l::EncoderDecoder(encoder, d2l::Seq2SeqAttentionDecoder(options));
   return d2l::EncoderDecoder(encoder, d2l::Seq2SeqDecoder(options));
 }
@@ -168,8 +169,8 @@ Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const La
   Result result;
   const auto start = std::chrono::steady_clock::now();
   d2l::examples::TrainOptions options{kLearningRate, args.epochs, kBatchSize, kSeed};
-  result.losses = d2l::examples::train_seq2seq(*model, train, options, lang.target_vocab.bos(),
-                                               args.device);
+  result.losses =
+      d2l::examples::train_seq2seq(*model, train, options, lang.target_vocab.bos(), args.device);
   const auto trained = std::chrono::steady_clock::now();
   result.train_seconds = std::chrono::duration<double>(trained - start).count();
 
@@ -187,10 +188,11 @@ Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const La
   result.mean_bleu = total / static_cast<double>(held_out_sources.size());
   result.eval_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - trained).count();
-  fmt::print("{}: held-out mean BLEU-{} {:.3f} over {} sentences; training {:.1f} s, "
-             "evaluation {:.1f} s\n\n",
-             name, kBleuK, result.mean_bleu, held_out_sources.size(), result.train_seconds,
-             result.eval_seconds);
+  fmt::print(
+      "{}: held-out mean BLEU-{} {:.3f} over {} sentences; training {:.1f} s, "
+      "evaluation {:.1f} s\n\n",
+      name, kBleuK, result.mean_bleu, held_out_sources.size(), result.train_seconds,
+      result.eval_seconds);
   return result;
 }
 
@@ -206,9 +208,9 @@ d2l::Series loss_series(const Result& result, const std::string& label) {
 
 void draw_alignment(d2l::EncoderDecoder& model, const Language& lang, const Sentence& source,
                     const Args& args) {
-  const auto prediction = d2l::examples::predict_seq2seq(
-      *model, source, lang.source_vocab, lang.target_vocab, kNumSteps, args.device,
-      /*save_attention_weights=*/true);
+  const auto prediction = d2l::examples::predict_seq2seq(*model, source, lang.source_vocab,
+                                                         lang.target_vocab, kNumSteps, args.device,
+                                                         /*save_attention_weights=*/true);
   // One row per predicted token (and the <eos> step), one column per source
   // token and its <eos>, as the book's heatmap of one sentence.
   const auto source_len = static_cast<int64_t>(source.size()) + 1;
@@ -230,8 +232,8 @@ int translate(const Args& args) {
       fmt::print(stderr, "note: \"{}\" is not a source word (a..x); it reads as <unk>\n", word);
     }
   }
-  const auto prediction = d2l::examples::predict_seq2seq(
-      *model, source, lang.source_vocab, lang.target_vocab, kNumSteps, args.device);
+  const auto prediction = d2l::examples::predict_seq2seq(*model, source, lang.source_vocab,
+                                                         lang.target_vocab, kNumSteps, args.device);
   fmt::print("{}\n", fmt::join(prediction.tokens, " "));
   return 0;
 }
@@ -250,14 +252,15 @@ int run(const Args& args) {
   const auto [held_out_sources, held_out_targets] = make_pairs(lang, kHeldOutPairs, rng);
   const auto train = d2l::examples::build_dataset(train_sources, train_targets, lang.source_vocab,
                                                   lang.target_vocab, kNumSteps);
-  fmt::print("{} training and {} held-out pairs of {}-{} words; vocabularies of {} and {} "
-             "tokens; {} threads, device {}\n\n",
-             kTrainPairs, kHeldOutPairs, kMinWords, kMaxWords, lang.source_vocab.size(),
-             lang.target_vocab.size(), torch::get_num_threads(), args.device.str());
+  fmt::print(
+      "{} training and {} held-out pairs of {}-{} words; vocabularies of {} and {} "
+      "tokens; {} threads, device {}\n\n",
+      kTrainPairs, kHeldOutPairs, kMinWords, kMaxWords, lang.source_vocab.size(),
+      lang.target_vocab.size(), torch::get_num_threads(), args.device.str());
 
   auto attention = make_model(lang, /*attention=*/true);
-  const auto with_attention = train_and_evaluate("Seq2SeqAttentionDecoder", attention, lang,
-                                                 train, held_out_sources, held_out_targets, args);
+  const auto with_attention = train_and_evaluate("Seq2SeqAttentionDecoder", attention, lang, train,
+                                                 held_out_sources, held_out_targets, args);
   auto plain = make_model(lang, /*attention=*/false);
   const auto without = train_and_evaluate("Seq2SeqDecoder", plain, lang, train, held_out_sources,
                                           held_out_targets, args);

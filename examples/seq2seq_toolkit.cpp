@@ -24,8 +24,7 @@ Sentence split(const std::string& text) {
   return words;
 }
 
-Vocab::Vocab(const std::vector<std::string>& words)
-    : tokens_{"<pad>", "<bos>", "<eos>", "<unk>"} {
+Vocab::Vocab(const std::vector<std::string>& words) : tokens_{"<pad>", "<bos>", "<eos>", "<unk>"} {
   tokens_.insert(tokens_.end(), words.begin(), words.end());
   for (size_t i = 0; i < tokens_.size(); ++i) index_.emplace(tokens_[i], static_cast<int64_t>(i));
 }
@@ -53,7 +52,8 @@ std::pair<torch::Tensor, torch::Tensor> build_array(const std::vector<Sentence>&
     const auto row = padded_ids(s, vocab, num_steps);
     ids.insert(ids.end(), row.begin(), row.end());
   }
-  const auto array = torch::tensor(ids).reshape({static_cast<int64_t>(sentences.size()), num_steps});
+  const auto array =
+      torch::tensor(ids).reshape({static_cast<int64_t>(sentences.size()), num_steps});
   return {array, (array != Vocab::pad()).sum(1)};
 }
 
@@ -101,7 +101,8 @@ void xavier_init_weights(torch::nn::Module& net) {
       torch::nn::init::xavier_uniform_(linear->weight);
     } else if (auto* gru = module->as<torch::nn::GRU>()) {
       for (auto& p : gru->named_parameters()) {
-        if (p.key().find("weight") != std::string::npos) torch::nn::init::xavier_uniform_(p.value());
+        if (p.key().find("weight") != std::string::npos)
+          torch::nn::init::xavier_uniform_(p.value());
       }
     }
   }

@@ -43,10 +43,10 @@ void fuzz_additive_scores(Bytes& in) {
   if (tame_inputs) {
     FUZZ_CHECK(all_finite(scores), "additive scores not finite for finite inputs");
     const double bound = w.value.detach().to(torch::kDouble).abs().sum().item<double>();
-    FUZZ_CHECK(scores.numel() == 0 ||
-                   scores.detach().to(torch::kDouble).abs().max().item<double>() <=
-                       bound * (1 + sum_tolerance(dtype)) + sum_tolerance(dtype),
-               "additive score beyond sum |w_v|");
+    FUZZ_CHECK(
+        scores.numel() == 0 || scores.detach().to(torch::kDouble).abs().max().item<double>() <=
+                                   bound * (1 + sum_tolerance(dtype)) + sum_tolerance(dtype),
+        "additive score beyond sum |w_v|");
   }
   check_backward(scores, {q.leaf, k.leaf, w.leaf}, tame_inputs, in);
 }

@@ -42,16 +42,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
   // back to what this CPU runs.
   const uint8_t isa_byte = in.byte();
-  auto isa = (isa_byte & 1) != 0 ? d2l::CpuIsa::kDefault
+  auto isa = (isa_byte & 1) != 0   ? d2l::CpuIsa::kDefault
              : (isa_byte & 2) != 0 ? d2l::CpuIsa::kAvx2
-                                  : d2l::CpuIsa::kAvx512;
+                                   : d2l::CpuIsa::kAvx512;
   if (!d2l::cpu_isa_available(isa)) isa = d2l::CpuIsa::kAvx2;
   if (!d2l::cpu_isa_available(isa)) isa = d2l::CpuIsa::kDefault;
   d2l::set_cpu_isa(isa);
   try {
     switch (op) {
       case 0: fuzz_sequence_mask(in); break;
-      case 1: case 2: fuzz_masked_softmax(in); break;
+      case 1:
+      case 2: fuzz_masked_softmax(in); break;
       case 3: fuzz_dot_product_functional(in); break;
       case 4: fuzz_dot_product_module(in); break;
       case 5: fuzz_additive_scores(in); break;

@@ -18,12 +18,14 @@ namespace d2l_fuzz {
 Call current;
 
 [[noreturn]] void finding(const char* what, const std::string& detail) {
-  std::cerr << "\nFUZZ FINDING: " << what << " " << detail << "\nin " << current.description << "\n";
+  std::cerr << "\nFUZZ FINDING: " << what << " " << detail << "\nin " << current.description
+            << "\n";
   for (const auto& [name, t] : current.tensors) {
     std::cerr << name << ": ";
     if (t.defined()) {
       std::cerr << c10::toString(t.scalar_type()) << " sizes " << t.sizes() << " strides "
-                << t.strides() << "\n" << t << "\n";
+                << t.strides() << "\n"
+                << t << "\n";
     } else {
       std::cerr << "undefined\n";
     }
@@ -36,7 +38,7 @@ namespace {
 const std::vector<torch::Dtype> kLengthDtypes = {
     torch::kLong,  torch::kLong,   torch::kInt,  torch::kShort,    torch::kChar, torch::kByte,
     torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kBool};
-const std::vector<double> kSpecials = {0.0,  -0.0,   1e30,  -1e30, kInf,  -kInf,
+const std::vector<double> kSpecials = {0.0,  -0.0,  1e30,   -1e30, kInf,  -kInf,
                                        kNaN, 65504, -65504, 3e38,  1e308, 5e-324};
 
 // Normal values in [-4, 4] at one of three scales, with up to three special
@@ -108,7 +110,8 @@ double length_value(Bytes& in, int64_t m) {
     case 6: return static_cast<double>(std::numeric_limits<int64_t>::max());
     case 7: return static_cast<double>(std::numeric_limits<int64_t>::min());
     case 8: return static_cast<double>(in.below(m + 2)) + 0.5;
-    case 9: return in.pick<double>({1e20, 9.3e18, 9223372036854775808.0, 9007199254740993.0, kInf, kNaN});
+    case 9:
+      return in.pick<double>({1e20, 9.3e18, 9223372036854775808.0, 9007199254740993.0, kInf, kNaN});
     default: return static_cast<double>(in.below(m + 3));
   }
 }
@@ -141,9 +144,12 @@ torch::Tensor make_lengths(Bytes& in, int64_t B, int64_t n, int64_t m) {
   const int64_t kind = in.below(8);
   if (kind < 2) return {};
   std::vector<int64_t> shape;
-  if (kind < 4) shape = {B};
-  else if (kind < 6 || kind == 7) shape = {B, n};
-  else shape = dims(in, in.below(3));
+  if (kind < 4)
+    shape = {B};
+  else if (kind < 6 || kind == 7)
+    shape = {B, n};
+  else
+    shape = dims(in, in.below(3));
   const auto dtype = in.pick(kLengthDtypes);
   int64_t count = 1;
   for (auto s : shape) count *= s;

@@ -38,8 +38,8 @@ inline void note(const std::string& name, const torch::Tensor& t) {
 
 [[noreturn]] void finding(const char* what, const std::string& detail = "");
 
-#define FUZZ_CHECK(cond, what) \
-  do {                         \
+#define FUZZ_CHECK(cond, what)                 \
+  do {                                         \
     if (!(cond)) finding(what, "(" #cond ")"); \
   } while (false)
 
@@ -65,8 +65,8 @@ class Bytes {
 };
 
 inline const std::vector<torch::Dtype> kDataDtypes = {
-    torch::kFloat, torch::kFloat, torch::kDouble, torch::kHalf,
-    torch::kBFloat16, torch::kLong, torch::kInt, torch::kBool};
+    torch::kFloat,    torch::kFloat, torch::kDouble, torch::kHalf,
+    torch::kBFloat16, torch::kLong,  torch::kInt,    torch::kBool};
 inline const std::vector<double> kDropouts = {0.0, 0.0, 0.1, 0.5, 0.9, 1.0, -0.1, 1.5, kNaN};
 inline const std::vector<d2l::Path> kPaths = {d2l::Path::kAuto, d2l::Path::kComposite,
                                               d2l::Path::kFused};
@@ -137,8 +137,8 @@ QKVArgs make_qkv(Bytes& in, bool same_feature_size);
 // only when asked and masked, a finite output for tame inputs, and a clean
 // backward to `leaves` and the inputs.
 template <typename Holder, typename Options>
-void check_attention_module(Bytes& in, Holder& attention, const Options& options,
-                            const QKVArgs& a, std::vector<torch::Tensor> leaves) {
+void check_attention_module(Bytes& in, Holder& attention, const Options& options, const QKVArgs& a,
+                            std::vector<torch::Tensor> leaves) {
   const auto grad_mode = pick_grad_mode(in);
   std::ostringstream description;
   description << *attention << " path=" << static_cast<int>(options.path())
@@ -166,12 +166,12 @@ void check_attention_module(Bytes& in, Holder& attention, const Options& options
 }
 
 // The fuzzed areas, one per value of the input's first byte (fuzz_attention.cpp).
-void fuzz_sequence_mask(Bytes& in);    // fuzz_masking.cpp
-void fuzz_masked_softmax(Bytes& in);   // fuzz_masking.cpp
+void fuzz_sequence_mask(Bytes& in);           // fuzz_masking.cpp
+void fuzz_masked_softmax(Bytes& in);          // fuzz_masking.cpp
 void fuzz_dot_product_functional(Bytes& in);  // fuzz_dot_product.cpp
 void fuzz_dot_product_module(Bytes& in);      // fuzz_dot_product.cpp
-void fuzz_additive_scores(Bytes& in);  // fuzz_additive.cpp
-void fuzz_additive_module(Bytes& in);  // fuzz_additive.cpp
-void fuzz_heatmaps(Bytes& in);         // fuzz_heatmap.cpp
+void fuzz_additive_scores(Bytes& in);         // fuzz_additive.cpp
+void fuzz_additive_module(Bytes& in);         // fuzz_additive.cpp
+void fuzz_heatmaps(Bytes& in);                // fuzz_heatmap.cpp
 
 }  // namespace d2l_fuzz

@@ -13,7 +13,8 @@ namespace d2l_fuzz {
 std::string some_text(Bytes& in) {
   std::string text;
   for (int64_t i = 0, n = in.below(12); i < n; ++i) {
-    text.push_back(static_cast<char>(in.pick<uint8_t>({'a', 'Z', '<', '&', '"', ' ', 0xC3, 0xA9, 0xE2, 0x80, 0xFF, 0})));
+    text.push_back(static_cast<char>(
+        in.pick<uint8_t>({'a', 'Z', '<', '&', '"', ' ', 0xC3, 0xA9, 0xE2, 0x80, 0xFF, 0})));
   }
   return text;
 }
@@ -26,18 +27,19 @@ void fuzz_heatmaps(Bytes& in) {
   const std::vector<double> sizes = {2.5, 0.0, -1.0, 1e-300, 1e300, kInf, kNaN, 0.01};
   std::vector<std::string> titles;
   for (int64_t i = 0, n = in.below(4); i < n; ++i) titles.push_back(some_text(in));
-  const auto options = d2l::HeatmapOptions()
-                           .xlabel(some_text(in))
-                           .ylabel(some_text(in))
-                           .titles(titles)
-                           .figsize({in.pick(sizes), in.pick(sizes)})
-                           .cmap(in.pick<std::string>({"Reds", "Blues", "Greens", "Greys", "viridis", "jet", ""}));
+  const auto options =
+      d2l::HeatmapOptions()
+          .xlabel(some_text(in))
+          .ylabel(some_text(in))
+          .titles(titles)
+          .figsize({in.pick(sizes), in.pick(sizes)})
+          .cmap(in.pick<std::string>({"Reds", "Blues", "Greens", "Greys", "viridis", "jet", ""}));
   current.description = "heatmaps cmap=" + options.cmap() +
                         " figsize=" + std::to_string(options.figsize().first) + "," +
                         std::to_string(options.figsize().second);
   note("matrices", matrices);
-  const auto text = in.flag() ? d2l::heatmaps_svg(matrices, options)
-                              : d2l::heatmaps_ansi(matrices, options);
+  const auto text =
+      in.flag() ? d2l::heatmaps_svg(matrices, options) : d2l::heatmaps_ansi(matrices, options);
   FUZZ_CHECK(!text.empty(), "a heatmap rendered as nothing");
 }
 

@@ -48,7 +48,8 @@ void fuzz_masked_softmax(Bytes& in) {
   auto shape = dims(in, rank);
   const auto dtype = in.pick(kDataDtypes);
   const auto X = make_arg(in, shape, dtype, in.flag());
-  const int64_t B = rank > 0 ? shape[0] : 0, n = rank > 1 ? shape[1] : 0, m = rank > 2 ? shape[2] : 0;
+  const int64_t B = rank > 0 ? shape[0] : 0, n = rank > 1 ? shape[1] : 0,
+                m = rank > 2 ? shape[2] : 0;
   const auto lens = make_lengths(in, B, n, m);
   const auto grad_mode = pick_grad_mode(in);
   current.description = "masked_softmax variant=" + std::to_string(variant) +
@@ -69,7 +70,8 @@ void fuzz_masked_softmax(Bytes& in) {
   if (lens.defined()) {
     FUZZ_CHECK(y.dim() == 3, "masked_softmax accepted lengths for scores that are not 3-D");
     const auto valid = valid_mask(lens, B, n, m);
-    valid_finite = X.value.detach().to(torch::kDouble).masked_select(valid).isfinite().all().item<bool>();
+    valid_finite =
+        X.value.detach().to(torch::kDouble).masked_select(valid).isfinite().all().item<bool>();
     check_weights(y, valid, valid_finite);
   } else {
     valid_finite = all_finite(X.value);

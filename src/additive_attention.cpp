@@ -40,9 +40,9 @@ torch::Tensor fused_additive(const torch::Tensor& projected_queries,
 void check_linear_weight(const char* fn, const char* name, const torch::Tensor& W, int64_t rows,
                          int64_t cols, const char* ref_name, const torch::Tensor& ref) {
   check_floating(fn, name, W, 2);
-  TORCH_CHECK(W.size(0) == rows && W.size(1) == cols,
-              fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, rows, cols,
-                          shape_of(W)));
+  TORCH_CHECK(
+      W.size(0) == rows && W.size(1) == cols,
+      fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, rows, cols, shape_of(W)));
   check_same_device(fn, ref_name, ref, name, W);
   check_same_dtype(fn, ref_name, ref, name, W);
 }
@@ -50,8 +50,8 @@ void check_linear_weight(const char* fn, const char* name, const torch::Tensor& 
 }  // namespace
 
 torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v, Path path) {
+                                      const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                                      Path path) {
   if (use_fused("d2l::additive_scores", path, projected_queries.device())) {
     return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
   }
@@ -80,8 +80,8 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
 }
 
 torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v, int64_t chunk_bytes) {
+                                      const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                                      int64_t chunk_bytes) {
   return chunked_additive_autograd(projected_queries, projected_keys, w_v, chunk_bytes);
 }
 
@@ -116,9 +116,9 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention(
   check_linear_weight(fn, "w_v", w_v, 1, h, "queries", queries);
   check_dropout(fn, dropout);
   namespace F = torch::nn::functional;
-  auto [output, weights] = additive_attention_projected(
-      F::linear(queries, W_q), F::linear(keys, W_k), values, w_v, valid_lens, dropout, training,
-      path);
+  auto [output, weights] =
+      additive_attention_projected(F::linear(queries, W_q), F::linear(keys, W_k), values, w_v,
+                                   valid_lens, dropout, training, path);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
 }
@@ -135,12 +135,12 @@ torch::Tensor additive_scores(const torch::Tensor& projected_queries,
   detail::check_floating(fn, "projected_keys", projected_keys, 3);
   detail::check_floating(fn, "w_v", w_v, 2);
   const int64_t h = projected_queries.size(2);
-  TORCH_CHECK(projected_queries.size(0) == projected_keys.size(0) &&
-                  projected_keys.size(2) == h && w_v.size(0) == 1 && w_v.size(1) == h,
+  TORCH_CHECK(projected_queries.size(0) == projected_keys.size(0) && projected_keys.size(2) == h &&
+                  w_v.size(0) == 1 && w_v.size(1) == h,
               fmt::format("{}: expected projected_queries (B, n, h), projected_keys (B, m, h) and "
                           "w_v (1, h), got {}, {} and {}",
-                          fn, detail::shape_of(projected_queries),
-                          detail::shape_of(projected_keys), detail::shape_of(w_v)));
+                          fn, detail::shape_of(projected_queries), detail::shape_of(projected_keys),
+                          detail::shape_of(w_v)));
   detail::check_same_device(fn, "projected_queries", projected_queries, "projected_keys",
                             projected_keys);
   detail::check_same_device(fn, "projected_queries", projected_queries, "w_v", w_v);
@@ -153,8 +153,7 @@ torch::Tensor additive_scores(const torch::Tensor& projected_queries,
 std::tuple<torch::Tensor, torch::Tensor> additive_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
-    const torch::Tensor& valid_lens, double dropout, bool training, Path path,
-    bool need_weights) {
+    const torch::Tensor& valid_lens, double dropout, bool training, Path path, bool need_weights) {
   return detail::additive_attention("d2l::additive_attention", nullptr, queries, keys, values, W_q,
                                     W_k, w_v, valid_lens, dropout, training, path, need_weights);
 }
@@ -184,7 +183,8 @@ void AdditiveAttentionImpl::reset() {
   detail::check_dropout(fn, options.dropout());
   using torch::nn::LinearOptions;
   W_k = register_module(
-      "W_k", torch::nn::Linear(LinearOptions(options.key_size(), options.num_hiddens()).bias(false)));
+      "W_k",
+      torch::nn::Linear(LinearOptions(options.key_size(), options.num_hiddens()).bias(false)));
   W_q = register_module(
       "W_q",
       torch::nn::Linear(LinearOptions(options.query_size(), options.num_hiddens()).bias(false)));
@@ -194,20 +194,19 @@ void AdditiveAttentionImpl::reset() {
 }
 
 void AdditiveAttentionImpl::pretty_print(std::ostream& stream) const {
-  stream << fmt::format("d2l::AdditiveAttention(key_size={}, query_size={}, num_hiddens={}, "
-                        "dropout={})",
-                        options.key_size(), options.query_size(), options.num_hiddens(),
-                        options.dropout());
+  stream << fmt::format(
+      "d2l::AdditiveAttention(key_size={}, query_size={}, num_hiddens={}, "
+      "dropout={})",
+      options.key_size(), options.query_size(), options.num_hiddens(), options.dropout());
 }
 
 torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
-                                             const torch::Tensor& keys,
-                                             const torch::Tensor& values,
+                                             const torch::Tensor& keys, const torch::Tensor& values,
                                              const torch::Tensor& valid_lens) {
   // The registered dropout module decides, as in the book (its p and mode).
   auto [output, weights] = detail::additive_attention(
-      "d2l::AdditiveAttention", &options, queries, keys, values, W_q->weight, W_k->weight, w_v->weight, valid_lens,
-      dropout->options.p(), dropout->is_training(), options.path(),
+      "d2l::AdditiveAttention", &options, queries, keys, values, W_q->weight, W_k->weight,
+      w_v->weight, valid_lens, dropout->options.p(), dropout->is_training(), options.path(),
       options.record_attention_weights());
   if (options.record_attention_weights()) detail::record_weights(attention_weights, weights);
   return output;

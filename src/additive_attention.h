@@ -16,8 +16,8 @@ namespace d2l::detail {
 
 /// functional::additive_scores without the argument checks.
 torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v, Path path = Path::kAuto);
+                                      const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                                      Path path = Path::kAuto);
 
 /// Masked softmax of the additive scores, by the path `path` asks for.
 torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
@@ -37,8 +37,7 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
 /// recomputing tanh: memory stays bounded by a block's features.
 /// `chunk_bytes` bounds one block's (B, c, m, h) features.
 torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
-                                      const torch::Tensor& projected_keys,
-                                      const torch::Tensor& w_v,
+                                      const torch::Tensor& projected_keys, const torch::Tensor& w_v,
                                       int64_t chunk_bytes = int64_t{64} << 20);
 
 /// The autograd functions (autograd/additive_attention.cpp): the fused CPU

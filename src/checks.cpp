@@ -14,8 +14,8 @@ std::string shape_of(const torch::Tensor& t) {
 
 void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim) {
   TORCH_CHECK(t.defined(), fmt::format("{}: {} must be a defined tensor", fn, name));
-  TORCH_CHECK(t.dim() == dim, fmt::format("{}: {} must be a {}-D tensor, got {}", fn, name, dim,
-                                          shape_of(t)));
+  TORCH_CHECK(t.dim() == dim,
+              fmt::format("{}: {} must be a {}-D tensor, got {}", fn, name, dim, shape_of(t)));
   TORCH_CHECK(at::isFloatingType(t.scalar_type()),
               fmt::format("{}: {} must have a floating-point dtype, got {}", fn, name,
                           c10::toString(t.scalar_type())));
@@ -31,9 +31,8 @@ void check_same_device(const char* fn, const char* ref_name, const torch::Tensor
 void check_same_dtype(const char* fn, const char* ref_name, const torch::Tensor& ref,
                       const char* name, const torch::Tensor& other) {
   TORCH_CHECK(ref.scalar_type() == other.scalar_type(),
-              fmt::format("{}: {} must have the same dtype as {} ({}), got {}", fn, name,
-                          ref_name, c10::toString(ref.scalar_type()),
-                          c10::toString(other.scalar_type())));
+              fmt::format("{}: {} must have the same dtype as {} ({}), got {}", fn, name, ref_name,
+                          c10::toString(ref.scalar_type()), c10::toString(other.scalar_type())));
 }
 
 namespace {
@@ -44,10 +43,12 @@ void scan_lengths(const char* fn, const char* name, const torch::Tensor& lens) {
   const T* data = contiguous.data_ptr<T>();
   for (int64_t i = 0, n = contiguous.numel(); i < n; ++i) {
     const double v = static_cast<double>(data[i]);
-    TORCH_CHECK(std::floor(v) == v && std::isfinite(v),
-                fmt::format("{}: {} must hold whole numbers, got {} at flat index {}", fn, name, v, i));
-    TORCH_CHECK(v >= 0, fmt::format("{}: {} must hold non-negative lengths, got {} at flat index {}",
-                                    fn, name, v, i));
+    TORCH_CHECK(
+        std::floor(v) == v && std::isfinite(v),
+        fmt::format("{}: {} must hold whole numbers, got {} at flat index {}", fn, name, v, i));
+    TORCH_CHECK(v >= 0,
+                fmt::format("{}: {} must hold non-negative lengths, got {} at flat index {}", fn,
+                            name, v, i));
   }
 }
 

@@ -77,8 +77,7 @@ namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, double dropout, bool training, Path path,
-    bool need_weights) {
+    const torch::Tensor& valid_lens, double dropout, bool training, Path path, bool need_weights) {
   constexpr const char* fn = "d2l::dot_product_attention";
   detail::check_qkv(fn, queries, keys, values, valid_lens);
   TORCH_CHECK(queries.size(2) == keys.size(2),
@@ -101,10 +100,9 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights = chosen == Path::kFused
-                     ? detail::fused_masked_softmax_consuming(std::move(qk), valid_lens,
-                                                              1.0 / sqrt_d)
-                     : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
+  auto weights = chosen == Path::kFused ? detail::fused_masked_softmax_consuming(
+                                              std::move(qk), valid_lens, 1.0 / sqrt_d)
+                                        : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
   auto output = torch::bmm(detail::dropout_weights(weights, dropout, training), values);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};

@@ -25,9 +25,9 @@ void check_masked_softmax_args(const char* fn, const torch::Tensor& X,
     check_valid_lens(fn, valid_lens, "X", X);
     return;
   }
-  TORCH_CHECK(X.defined() && X.dim() >= 1,
-              fmt::format("{}: X must be a tensor of at least 1 dimension, got {}", fn,
-                          shape_of(X)));
+  TORCH_CHECK(
+      X.defined() && X.dim() >= 1,
+      fmt::format("{}: X must be a tensor of at least 1 dimension, got {}", fn, shape_of(X)));
   TORCH_CHECK(at::isFloatingType(X.scalar_type()),
               fmt::format("{}: X must have a floating-point dtype, got {}", fn,
                           c10::toString(X.scalar_type())));
@@ -47,8 +47,8 @@ torch::Tensor softmax_last_dim(const torch::Tensor& X) {
 torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens) {
   if (!valid_lens.defined()) return softmax_last_dim(X);
   const int64_t batch = X.size(0), queries = X.size(1), keys = X.size(2);
-  const auto lens = valid_lens.dim() == 1 ? valid_lens.unsqueeze(1).expand({batch, queries})
-                                          : valid_lens;
+  const auto lens =
+      valid_lens.dim() == 1 ? valid_lens.unsqueeze(1).expand({batch, queries}) : valid_lens;
   const auto masked_out =
       length_mask(lens, batch * queries, keys).view({batch, queries, keys}).logical_not();
   // -inf rather than the book's -1e6: exact in every dtype (-1e6 overflows

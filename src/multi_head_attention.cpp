@@ -16,8 +16,8 @@ namespace {
 void check_heads_input(const char* fn, const torch::Tensor& X, int64_t num_heads,
                        const char* layout) {
   TORCH_CHECK(num_heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, num_heads));
-  TORCH_CHECK(X.defined() && X.dim() == 3,
-              fmt::format("{}: X must be a 3-D tensor {}, got {}", fn, layout, detail::shape_of(X)));
+  TORCH_CHECK(X.defined() && X.dim() == 3, fmt::format("{}: X must be a 3-D tensor {}, got {}", fn,
+                                                       layout, detail::shape_of(X)));
 }
 
 }  // namespace
@@ -55,9 +55,9 @@ void check_projection(const char* fn, const char* name, const torch::Tensor& W,
                       const char* bias_name, const torch::Tensor& b, int64_t h, int64_t in,
                       const torch::Tensor& queries) {
   detail::check_floating(fn, name, W, 2);
-  TORCH_CHECK(W.size(0) == h && W.size(1) == in,
-              fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, h, in,
-                          detail::shape_of(W)));
+  TORCH_CHECK(
+      W.size(0) == h && W.size(1) == in,
+      fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, h, in, detail::shape_of(W)));
   detail::check_same_device(fn, "queries", queries, name, W);
   detail::check_same_dtype(fn, "queries", queries, name, W);
   if (!b.defined()) return;
@@ -137,7 +137,7 @@ std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens, const MultiHeadAttentionFuncOptions& options) {
   return checked_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
-                                     valid_lens, options);
+                                      valid_lens, options);
 }
 
 }  // namespace functional
@@ -191,11 +191,11 @@ void MultiHeadAttentionImpl::reset() {
   const int64_t h = options.num_hiddens();
   const bool bias = options.bias();
   attention = register_module(
-      "attention", DotProductAttention(DotProductAttentionOptions()
-                                           .dropout(options.dropout())
-                                           .path(options.path())
-                                           .record_attention_weights(
-                                               options.record_attention_weights())));
+      "attention",
+      DotProductAttention(DotProductAttentionOptions()
+                              .dropout(options.dropout())
+                              .path(options.path())
+                              .record_attention_weights(options.record_attention_weights())));
   W_q = register_module("W_q", Linear(LinearOptions(options.query_size(), h).bias(bias)));
   W_k = register_module("W_k", Linear(LinearOptions(options.key_size(), h).bias(bias)));
   W_v = register_module("W_v", Linear(LinearOptions(options.value_size(), h).bias(bias)));

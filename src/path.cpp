@@ -10,14 +10,10 @@ namespace d2l {
 
 std::string to_string(Path path) {
   switch (path) {
-    case Path::kAuto:
-      return "auto";
-    case Path::kComposite:
-      return "composite";
-    case Path::kFused:
-      return "fused";
-    case Path::kSdpa:
-      return "sdpa";
+    case Path::kAuto: return "auto";
+    case Path::kComposite: return "composite";
+    case Path::kFused: return "fused";
+    case Path::kSdpa: return "sdpa";
   }
   return fmt::format("Path({})", static_cast<int>(path));
 }
@@ -57,8 +53,8 @@ bool use_fused(const char* fn, Path path, const c10::Device& device) {
 // softmax + bmm once the key rows no longer fit in cache (README, "Choosing a
 // path", and `make bench-sdpa`).
 Path choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
-                             const torch::Tensor& keys, const torch::Tensor& values,
-                             double dropout, bool training, bool need_weights) {
+                             const torch::Tensor& keys, const torch::Tensor& values, double dropout,
+                             bool training, bool need_weights) {
   if (path == Path::kSdpa) {
     TORCH_CHECK(D2L_HAS_SDPA,
                 fmt::format("{}: Path::kSdpa needs LibTorch 2.1 or newer "

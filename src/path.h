@@ -25,8 +25,8 @@ bool use_fused(const char* fn, Path path, const c10::Device& device);
 /// kSdpa, kFused or kComposite (never kAuto). Throws, naming `fn`, for
 /// kSdpa on LibTorch older than 2.1 or with `need_weights`.
 Path choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
-                             const torch::Tensor& keys, const torch::Tensor& values,
-                             double dropout, bool training, bool need_weights);
+                             const torch::Tensor& keys, const torch::Tensor& values, double dropout,
+                             bool training, bool need_weights);
 
 /// Keys (from this many on) at which Path::kAuto runs LibTorch's SDPA on the
 /// CPU for attention without weights (README, "Choosing a path").

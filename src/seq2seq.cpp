@@ -13,8 +13,7 @@ namespace d2l {
 namespace {
 
 void check_options(const char* fn, const Seq2SeqOptions& o) {
-  TORCH_CHECK(o.vocab_size() > 0 && o.embed_size() > 0 && o.num_hiddens() > 0 &&
-                  o.num_layers() > 0,
+  TORCH_CHECK(o.vocab_size() > 0 && o.embed_size() > 0 && o.num_hiddens() > 0 && o.num_layers() > 0,
               fmt::format("{}: vocab_size, embed_size, num_hiddens and num_layers must be "
                           "positive, got vocab_size={}, embed_size={}, num_hiddens={}, "
                           "num_layers={}",
@@ -59,14 +58,14 @@ torch::Tensor checked_tokens(const char* fn, const torch::Tensor& X,
 
 // A recurrent state `name` must be (num_layers, batch, num_hiddens) in the
 // dtype and on the device of the GRU's weights.
-void check_hidden_state(const char* fn, const char* name, const torch::Tensor& state,
-                        int64_t batch, const Seq2SeqOptions& o, const torch::nn::GRU& rnn) {
-  TORCH_CHECK(state.defined() && state.dim() == 3 && state.size(0) == o.num_layers() &&
-                  state.size(1) == batch && state.size(2) == o.num_hiddens(),
-              fmt::format("{}: {} must have shape [num_layers={}, batch_size={}, num_hiddens={}], "
-                          "got {}",
-                          fn, name, o.num_layers(), batch, o.num_hiddens(),
-                          detail::shape_of(state)));
+void check_hidden_state(const char* fn, const char* name, const torch::Tensor& state, int64_t batch,
+                        const Seq2SeqOptions& o, const torch::nn::GRU& rnn) {
+  TORCH_CHECK(
+      state.defined() && state.dim() == 3 && state.size(0) == o.num_layers() &&
+          state.size(1) == batch && state.size(2) == o.num_hiddens(),
+      fmt::format("{}: {} must have shape [num_layers={}, batch_size={}, num_hiddens={}], "
+                  "got {}",
+                  fn, name, o.num_layers(), batch, o.num_hiddens(), detail::shape_of(state)));
   const torch::Tensor weight = rnn->named_parameters(false)["weight_hh_l0"];
   detail::check_same_device(fn, "rnn.weight_hh_l0", weight, name, state);
   detail::check_same_dtype(fn, "rnn.weight_hh_l0", weight, name, state);
@@ -80,12 +79,11 @@ void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2Se
               fmt::format("{}: enc_outputs.outputs must have shape [num_steps, batch_size, "
                           "num_hiddens={}] with at least one step, got {}",
                           fn, o.num_hiddens(), detail::shape_of(enc.outputs)));
-  check_hidden_state(fn, "enc_outputs.hidden_state", enc.hidden_state, enc.outputs.size(1), o,
-                     rnn);
-  detail::check_same_dtype(fn, "enc_outputs.hidden_state", enc.hidden_state,
-                           "enc_outputs.outputs", enc.outputs);
-  detail::check_same_device(fn, "enc_outputs.hidden_state", enc.hidden_state,
-                            "enc_outputs.outputs", enc.outputs);
+  check_hidden_state(fn, "enc_outputs.hidden_state", enc.hidden_state, enc.outputs.size(1), o, rnn);
+  detail::check_same_dtype(fn, "enc_outputs.hidden_state", enc.hidden_state, "enc_outputs.outputs",
+                           enc.outputs);
+  detail::check_same_device(fn, "enc_outputs.hidden_state", enc.hidden_state, "enc_outputs.outputs",
+                            enc.outputs);
 }
 
 // Valid source lengths: undefined, or (batch) whole non-negative numbers.
@@ -111,20 +109,20 @@ Seq2SeqOptions::Seq2SeqOptions(int64_t vocab_size, int64_t embed_size, int64_t n
 // ---------------------------------------------------------------------------
 // Seq2SeqEncoder
 
-Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(int64_t vocab_size, int64_t embed_size,
-                                       int64_t num_hiddens, int64_t num_layers, double dropout)
+Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(int64_t vocab_size, int64_t embed_size, int64_t num_hiddens,
+                                       int64_t num_layers, double dropout)
     : Seq2SeqEncoderImpl(
-          Seq2SeqEncoderOptions(vocab_size, embed_size, num_hiddens, num_layers).dropout(dropout)) {}
+          Seq2SeqEncoderOptions(vocab_size, embed_size, num_hiddens, num_layers).dropout(dropout)) {
+}
 
-Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(const Seq2SeqEncoderOptions& options_)
-    : options(options_) {
+Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(const Seq2SeqEncoderOptions& options_) : options(options_) {
   reset();
 }
 
 void Seq2SeqEncoderImpl::reset() {
   check_options("d2l::Seq2SeqEncoder", options);
-  embedding = register_module(
-      "embedding", torch::nn::Embedding(options.vocab_size(), options.embed_size()));
+  embedding = register_module("embedding",
+                              torch::nn::Embedding(options.vocab_size(), options.embed_size()));
   rnn = register_module("rnn", make_gru(options.embed_size(), options));
 }
 
@@ -144,20 +142,20 @@ EncoderOutput Seq2SeqEncoderImpl::forward(const torch::Tensor& X, const torch::T
 // ---------------------------------------------------------------------------
 // Seq2SeqDecoder
 
-Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(int64_t vocab_size, int64_t embed_size,
-                                       int64_t num_hiddens, int64_t num_layers, double dropout)
+Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(int64_t vocab_size, int64_t embed_size, int64_t num_hiddens,
+                                       int64_t num_layers, double dropout)
     : Seq2SeqDecoderImpl(
-          Seq2SeqDecoderOptions(vocab_size, embed_size, num_hiddens, num_layers).dropout(dropout)) {}
+          Seq2SeqDecoderOptions(vocab_size, embed_size, num_hiddens, num_layers).dropout(dropout)) {
+}
 
-Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(const Seq2SeqDecoderOptions& options_)
-    : options(options_) {
+Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(const Seq2SeqDecoderOptions& options_) : options(options_) {
   reset();
 }
 
 void Seq2SeqDecoderImpl::reset() {
   check_options("d2l::Seq2SeqDecoder", options);
-  embedding = register_module(
-      "embedding", torch::nn::Embedding(options.vocab_size(), options.embed_size()));
+  embedding = register_module("embedding",
+                              torch::nn::Embedding(options.vocab_size(), options.embed_size()));
   rnn = register_module("rnn", make_gru(options.embed_size() + options.num_hiddens(), options));
   dense = register_module("dense", torch::nn::Linear(options.num_hiddens(), options.vocab_size()));
 }
@@ -208,8 +206,8 @@ void Seq2SeqAttentionDecoderImpl::reset() {
   check_options("d2l::Seq2SeqAttentionDecoder", options);
   const int64_t h = options.num_hiddens();
   attention = register_module("attention", AdditiveAttention(h, h, h, options.dropout()));
-  embedding = register_module(
-      "embedding", torch::nn::Embedding(options.vocab_size(), options.embed_size()));
+  embedding = register_module("embedding",
+                              torch::nn::Embedding(options.vocab_size(), options.embed_size()));
   rnn = register_module("rnn", make_gru(options.embed_size() + h, options));
   dense = register_module("dense", torch::nn::Linear(h, options.vocab_size()));
 }

@@ -141,7 +141,8 @@ inline Fixture load_fixture_file(const std::string& path) {
     if (line.empty() || line[0] == '#') continue;
     const auto words = fixture_detail::split_spaces(line);
     if (words[0] == "scalar") {
-      if (words.size() != 3) fail(path, lineno, "expected 'scalar <name> <value>', got '" + line + "'");
+      if (words.size() != 3)
+        fail(path, lineno, "expected 'scalar <name> <value>', got '" + line + "'");
       claim(words[1]);
       fixture.add_scalar(words[1], fixture_detail::parse_double(words[2], path, lineno, words[1]));
       ++entries;
@@ -163,8 +164,9 @@ inline Fixture load_fixture_file(const std::string& path) {
       }
       const int64_t ndim = fixture_detail::parse_int(words[3], path, lineno, name);
       if (ndim < 0 || static_cast<std::size_t>(ndim) + 4 != words.size()) {
-        fail(path, lineno, "entry '" + name + "': ndim " + words[3] + " does not match the " +
-                               std::to_string(words.size() - 4) + " sizes given");
+        fail(path, lineno,
+             "entry '" + name + "': ndim " + words[3] + " does not match the " +
+                 std::to_string(words.size() - 4) + " sizes given");
       }
       std::vector<int64_t> sizes;
       int64_t numel = 1;
@@ -182,8 +184,9 @@ inline Fixture load_fixture_file(const std::string& path) {
       if (!values_line.empty() && values_line.back() == '\r') values_line.pop_back();
       const auto tokens = fixture_detail::split_spaces(values_line);
       if (static_cast<int64_t>(tokens.size()) != numel) {
-        fail(path, lineno, "entry '" + name + "': expected " + std::to_string(numel) +
-                               " values, got " + std::to_string(tokens.size()));
+        fail(path, lineno,
+             "entry '" + name + "': expected " + std::to_string(numel) + " values, got " +
+                 std::to_string(tokens.size()));
       }
       auto t = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
       auto as_double = [&](const std::string& s) {
@@ -198,8 +201,8 @@ inline Fixture load_fixture_file(const std::string& path) {
         auto as_float = [&](const std::string& s) {
           const double v = as_double(s);
           if (static_cast<double>(static_cast<float>(v)) != v) {
-            fail(path, lineno, "entry '" + name + "': value '" + s +
-                                   "' is not exactly representable in float32");
+            fail(path, lineno,
+                 "entry '" + name + "': value '" + s + "' is not exactly representable in float32");
           }
           return v;
         };

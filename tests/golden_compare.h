@@ -49,9 +49,9 @@ inline torch::Dtype dtype_of(const std::string& dtype) {
 struct ErrorStats {
   int comparisons = 0;
   double max_abs = 0;
-  double max_rel = 0;          // |a - e| / |e| over entries with e != 0
-  double max_tol_ratio = 0;    // |a - e| / (atol + rtol |e|); <= 1 passes
-  std::string worst;           // comparison with the largest tolerance ratio
+  double max_rel = 0;        // |a - e| / |e| over entries with e != 0
+  double max_tol_ratio = 0;  // |a - e| / (atol + rtol |e|); <= 1 passes
+  std::string worst;         // comparison with the largest tolerance ratio
 };
 inline std::map<std::string, ErrorStats>& error_stats() {
   static std::map<std::string, ErrorStats> stats;
@@ -111,13 +111,13 @@ inline ::testing::AssertionResult close_to(const torch::Tensor& actual,
   if (ok) return ::testing::AssertionSuccess();
   auto failure = ::testing::AssertionFailure();
   failure << what << " differs from the golden value (rtol " << tol.rtol << ", atol " << tol.atol
-          << "): max abs err " << max_abs << ", max rel err " << max_rel
-          << ", max err/tolerance " << max_ratio;
+          << "): max abs err " << max_abs << ", max rel err " << max_rel << ", max err/tolerance "
+          << max_ratio;
   if (nan) failure << "; NaN present";
   if (ratio.numel()) {
     const int64_t worst = ratio.argmax().item<int64_t>();
-    failure << std::setprecision(17) << "; worst flat index " << worst << ": got " << a[worst].item<double>() << ", expected "
-        << e[worst].item<double>();
+    failure << std::setprecision(17) << "; worst flat index " << worst << ": got "
+            << a[worst].item<double>() << ", expected " << e[worst].item<double>();
     const int64_t bad = (ratio > 1).sum().item<int64_t>();
     failure << "; " << bad << " of " << ratio.numel() << " elements outside tolerance";
   }

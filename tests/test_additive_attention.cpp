@@ -41,7 +41,8 @@ TEST(AdditiveAttention, BookToyExample) {
   d2l::AdditiveAttention attention(2, 20, 8, 0.1);
   attention->eval();
   const auto out = attention(torch::normal(0, 1, {2, 1, 20}), keys, values, torch::tensor({2, 6}));
-  EXPECT_TRUE(torch::allclose(out, torch::tensor({{{2.f, 3.f, 4.f, 5.f}}, {{10.f, 11.f, 12.f, 13.f}}})));
+  EXPECT_TRUE(
+      torch::allclose(out, torch::tensor({{{2.f, 3.f, 4.f, 5.f}}, {{10.f, 11.f, 12.f, 13.f}}})));
   EXPECT_EQ(attention->attention_weights.sizes(), (std::vector<int64_t>{2, 1, 10}));
 }
 
@@ -58,7 +59,8 @@ TEST(AdditiveAttention, ParametersAreNamedAsInThePythonStateDict) {
 
 TEST(AdditiveAttention, ScoresMatchAPairByPairReference) {
   torch::manual_seed(6);
-  const auto qp = torch::randn({2, 3, 9}, torch::kDouble), kp = torch::randn({2, 5, 9}, torch::kDouble);
+  const auto qp = torch::randn({2, 3, 9}, torch::kDouble),
+             kp = torch::randn({2, 5, 9}, torch::kDouble);
   const auto w = torch::randn({1, 9}, torch::kDouble);
   EXPECT_LT(max_rel_error(d2l::functional::additive_scores(qp, kp, w), reference_scores(qp, kp, w)),
             1e-14);
@@ -75,8 +77,9 @@ TEST(AdditiveAttention, MatchesADoubleReference) {
   }
   attention->to(torch::kDouble);
   const auto lens = torch::tensor({1, 7, 3});
-  EXPECT_LT(max_rel_error(attention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), lens),
-                          reference_additive(attention, q, k, v, lens)),
+  EXPECT_LT(max_rel_error(
+                attention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), lens),
+                reference_additive(attention, q, k, v, lens)),
             1e-13);
 }
 
@@ -87,7 +90,8 @@ TEST(AdditiveAttention, GradientsMatchFiniteDifferences) {
   d2l::testing::expect_gradients_match_finite_differences(
       [&](const std::vector<torch::Tensor>& in) {
         const auto qp = torch::matmul(in[0], in[3].t()), kp = torch::matmul(in[1], in[4].t());
-        const auto weights = d2l::masked_softmax(d2l::functional::additive_scores(qp, kp, in[5]), lens);
+        const auto weights =
+            d2l::masked_softmax(d2l::functional::additive_scores(qp, kp, in[5]), lens);
         return torch::bmm(weights, in[2]);
       },
       {torch::randn({2, 2, 2}, torch::kDouble), torch::randn({2, 3, 3}, torch::kDouble),
@@ -104,8 +108,8 @@ TEST(AdditiveAttention, ModuleGradientsEqualTheFunctionalForm) {
   const auto Wq = attention->W_q->weight.detach().clone().requires_grad_();
   const auto Wk = attention->W_k->weight.detach().clone().requires_grad_();
   const auto wv = attention->w_v->weight.detach().clone().requires_grad_();
-  const auto scores = d2l::functional::additive_scores(torch::matmul(q, Wq.t()),
-                                                       torch::matmul(k, Wk.t()), wv);
+  const auto scores =
+      d2l::functional::additive_scores(torch::matmul(q, Wq.t()), torch::matmul(k, Wk.t()), wv);
   torch::bmm(d2l::masked_softmax(scores, lens), v).sum().backward();
   EXPECT_TRUE(torch::allclose(attention->W_q->weight.grad(), Wq.grad(), 1e-5, 1e-7));
   EXPECT_TRUE(torch::allclose(attention->W_k->weight.grad(), Wk.grad(), 1e-5, 1e-7));
@@ -114,15 +118,15 @@ TEST(AdditiveAttention, ModuleGradientsEqualTheFunctionalForm) {
 
 TEST(AdditiveAttention, NonContiguousInputsAndEmptyShapes) {
   d2l::AdditiveAttention attention(3, 2, 4, 0.0);
-  const auto q = torch::randn({2, 4, 2}).transpose(0, 1);  // (4, 2, 2)
+  const auto q = torch::randn({2, 4, 2}).transpose(0, 1);     // (4, 2, 2)
   const auto k = torch::randn({3, 5, 4}).permute({2, 1, 0});  // (4, 5, 3)
   const auto v = torch::randn({1, 5, 6}).expand({4, 5, 6});
   const auto lens = torch::tensor({1, 2, 5, 0});
   EXPECT_TRUE(torch::allclose(attention(q, k, v, lens),
                               attention(q.contiguous(), k.contiguous(), v.contiguous(), lens)));
-  EXPECT_EQ(attention(torch::randn({0, 3, 2}), torch::randn({0, 5, 3}), torch::randn({0, 5, 6}))
-                .sizes(),
-            (std::vector<int64_t>{0, 3, 6}));
+  EXPECT_EQ(
+      attention(torch::randn({0, 3, 2}), torch::randn({0, 5, 3}), torch::randn({0, 5, 6})).sizes(),
+      (std::vector<int64_t>{0, 3, 6}));
   EXPECT_EQ(attention(torch::randn({2, 3, 2}), torch::randn({2, 0, 3}), torch::randn({2, 0, 6}),
                       torch::tensor({0, 0}))
                 .abs()
@@ -133,20 +137,34 @@ TEST(AdditiveAttention, NonContiguousInputsAndEmptyShapes) {
 
 TEST(AdditiveAttention, RejectsBadArguments) {
   d2l::AdditiveAttention attention(2, 20, 8, 0.0);
-  const auto q = torch::randn({2, 1, 20}), k = torch::randn({2, 10, 2}), v = torch::randn({2, 10, 4});
+  const auto q = torch::randn({2, 1, 20}), k = torch::randn({2, 10, 2}),
+             v = torch::randn({2, 10, 4});
   const std::string fn = "d2l::AdditiveAttention: ";
-  EXPECT_THAT(error_message([&] { attention(torch::randn({2, 1, 19}), k, v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(torch::randn({2, 1, 19}), k, v);
+              }),
               HasSubstr(fn + "queries must have query_size=20 features, got queries [2, 1, 19]"));
-  EXPECT_THAT(error_message([&] { attention(q, torch::randn({2, 10, 3}), v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, torch::randn({2, 10, 3}), v);
+              }),
               HasSubstr(fn + "keys must have key_size=2 features, got keys [2, 10, 3]"));
-  EXPECT_THAT(error_message([&] { attention(q, k, torch::randn({2, 11, 4})); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, k, torch::randn({2, 11, 4}));
+              }),
               HasSubstr(fn + "keys and values must have the same number of key-value pairs, got "
                              "keys [2, 10, 2] and values [2, 11, 4]"));
-  EXPECT_THAT(error_message([&] { attention(q, torch::randn({1, 10, 2}), v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, torch::randn({1, 10, 2}), v);
+              }),
               HasSubstr(fn + "queries, keys and values must have the same batch size"));
-  EXPECT_THAT(error_message([&] { attention(q, k, v, torch::tensor({1, 2, 3})); }),
-              HasSubstr(fn + "valid_lens must have shape [2] or [2, 1] for queries [2, 1, 20], got [3]"));
-  EXPECT_THAT(error_message([&] { attention(q, k, v, torch::tensor({0.5, 2.0})); }),
+  EXPECT_THAT(
+      error_message([&] {
+        attention(q, k, v, torch::tensor({1, 2, 3}));
+      }),
+      HasSubstr(fn + "valid_lens must have shape [2] or [2, 1] for queries [2, 1, 20], got [3]"));
+  EXPECT_THAT(error_message([&] {
+                attention(q, k, v, torch::tensor({0.5, 2.0}));
+              }),
               HasSubstr(fn + "valid_lens must hold whole numbers, got 0.5 at flat index 0"));
   EXPECT_THAT(error_message([&] {
                 attention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble));
@@ -193,9 +211,13 @@ TEST(AdditiveAttention, FunctionalFormRejectsBadWeightsAndDropout) {
                  double dropout = 0.0) {
     d2l::functional::additive_attention(q, k, v, wq, wk, wv, {}, dropout, true);
   };
-  EXPECT_THAT(error_message([&] { run(torch::randn({7, 4}), W_k, w_v); }),
+  EXPECT_THAT(error_message([&] {
+                run(torch::randn({7, 4}), W_k, w_v);
+              }),
               HasSubstr(fn + "W_q must have shape [7, 3], got [7, 4]"));
-  EXPECT_THAT(error_message([&] { run(W_q, torch::randn({6, 5}), w_v); }),
+  EXPECT_THAT(error_message([&] {
+                run(W_q, torch::randn({6, 5}), w_v);
+              }),
               HasSubstr(fn + "W_k must have shape [7, 5], got [6, 5]"));
   EXPECT_THAT(error_message([&] { run(W_q, W_k, torch::randn({7})); }),
               HasSubstr(fn + "w_v must be a 2-D tensor, got [7]"));

@@ -40,9 +40,9 @@ TEST(Deprecated, MaskedSoftmaxNamespacesRunTheirPath) {
                            d2l::masked_softmax(X, lens, d2l::Path::kComposite)));
   EXPECT_TRUE(torch::equal(d2l::fused::masked_softmax(X, lens),
                            d2l::masked_softmax(X, lens, d2l::Path::kFused)));
-  EXPECT_TRUE(torch::equal(d2l::sequence_mask(X, torch::tensor({1, 2})),
-                           X * (torch::arange(3) < torch::tensor({1, 2}).unsqueeze(1))
-                                   .unsqueeze(-1)));
+  EXPECT_TRUE(
+      torch::equal(d2l::sequence_mask(X, torch::tensor({1, 2})),
+                   X * (torch::arange(3) < torch::tensor({1, 2}).unsqueeze(1)).unsqueeze(-1)));
 }
 
 }  // namespace

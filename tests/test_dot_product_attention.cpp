@@ -26,7 +26,8 @@ TEST(DotProductAttention, BookToyExample) {
   d2l::DotProductAttention attention(0.5);
   attention->eval();
   const auto out = attention(torch::normal(0, 1, {2, 1, 2}), keys, values, torch::tensor({2, 6}));
-  EXPECT_TRUE(torch::allclose(out, torch::tensor({{{2.f, 3.f, 4.f, 5.f}}, {{10.f, 11.f, 12.f, 13.f}}})));
+  EXPECT_TRUE(
+      torch::allclose(out, torch::tensor({{{2.f, 3.f, 4.f, 5.f}}, {{10.f, 11.f, 12.f, 13.f}}})));
   EXPECT_EQ(attention->attention_weights.sizes(), (std::vector<int64_t>{2, 1, 10}));
   EXPECT_NEAR(attention->attention_weights[1][0][5].item<float>(), 1.0 / 6, 1e-7);
 }
@@ -39,7 +40,8 @@ TEST(DotProductAttention, MatchesADoubleReference) {
                            torch::tensor({{1, 2, 3, 4}, {7, 7, 9, 0}, {5, 1, 1, 2}})}) {
     const auto out = attention(q, k, v, lens);
     EXPECT_LT(max_rel_error(out, reference_dot(q, k, v, lens)), 2e-6);
-    const auto outd = attention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), lens);
+    const auto outd =
+        attention(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), lens);
     EXPECT_LT(max_rel_error(outd, reference_dot(q, k, v, lens)), 1e-13);
   }
 }
@@ -75,7 +77,7 @@ TEST(DotProductAttention, DropoutOnlyInTraining) {
 }
 
 TEST(DotProductAttention, NonContiguousInputsAndEmptyBatch) {
-  const auto q = torch::randn({4, 3, 2}).transpose(0, 1);  // (3, 4, 2)
+  const auto q = torch::randn({4, 3, 2}).transpose(0, 1);     // (3, 4, 2)
   const auto k = torch::randn({2, 5, 3}).permute({2, 1, 0});  // (3, 5, 2)
   const auto v = torch::randn({1, 5, 6}).expand({3, 5, 6});
   const auto lens = torch::tensor({1, 2, 5});
@@ -92,37 +94,54 @@ TEST(DotProductAttention, NonContiguousInputsAndEmptyBatch) {
 
 TEST(DotProductAttention, RejectsBadArguments) {
   d2l::DotProductAttention attention(0.0);
-  const auto q = torch::randn({2, 1, 3}), k = torch::randn({2, 10, 3}), v = torch::randn({2, 10, 4});
+  const auto q = torch::randn({2, 1, 3}), k = torch::randn({2, 10, 3}),
+             v = torch::randn({2, 10, 4});
   const std::string fn = "d2l::dot_product_attention: ";
-  EXPECT_THAT(error_message([&] { attention(q, torch::randn({2, 10, 4}), v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, torch::randn({2, 10, 4}), v);
+              }),
               HasSubstr(fn + "queries and keys must have the same feature size, got queries "
                              "[2, 1, 3] and keys [2, 10, 4]"));
-  EXPECT_THAT(error_message([&] { attention(torch::randn({2, 1, 0}), torch::randn({2, 10, 0}), v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(torch::randn({2, 1, 0}), torch::randn({2, 10, 0}), v);
+              }),
               HasSubstr(fn + "queries and keys must have at least one feature (scores are scaled "
                              "by 1/sqrt(d)), got queries [2, 1, 0] and keys [2, 10, 0]"));
-  EXPECT_THAT(error_message([&] { attention(torch::randn({2, 3}), k, v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(torch::randn({2, 3}), k, v);
+              }),
               HasSubstr(fn + "queries must be a 3-D tensor, got [2, 3]"));
-  EXPECT_THAT(error_message([&] { attention(torch::randn({3, 1, 3}), k, v); }),
+  EXPECT_THAT(error_message([&] {
+                attention(torch::randn({3, 1, 3}), k, v);
+              }),
               HasSubstr(fn + "queries, keys and values must have the same batch size, got queries "
                              "[3, 1, 3], keys [2, 10, 3] and values [2, 10, 4]"));
-  EXPECT_THAT(error_message([&] { attention(q, k, torch::randn({2, 9, 4})); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, k, torch::randn({2, 9, 4}));
+              }),
               HasSubstr(fn + "keys and values must have the same number of key-value pairs, got "
                              "keys [2, 10, 3] and values [2, 9, 4]"));
   EXPECT_THAT(error_message([&] { attention(q, k, v.to(torch::kDouble)); }),
               HasSubstr(fn + "values must have the same dtype as queries (Float), got Double"));
-  EXPECT_THAT(error_message([&] { attention(q, k, v, torch::tensor({{1, 2}, {3, 4}})); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, k, v, torch::tensor({{1, 2}, {3, 4}}));
+              }),
               HasSubstr(fn + "valid_lens must have shape [2] or [2, 1] for queries [2, 1, 3], got "
                              "[2, 2]"));
-  EXPECT_THAT(error_message([&] { attention(q, k, v, torch::tensor({-3, 4})); }),
+  EXPECT_THAT(error_message([&] {
+                attention(q, k, v, torch::tensor({-3, 4}));
+              }),
               HasSubstr(fn + "valid_lens must hold non-negative lengths, got -3 at flat index 0"));
   EXPECT_THAT(error_message([&] { attention(q.to(torch::kInt), k, v); }),
               HasSubstr(fn + "queries must have a floating-point dtype, got Int"));
-  EXPECT_THAT(error_message([] { d2l::DotProductAttention bad(1.5); }),
-              HasSubstr("d2l::DotProductAttention: dropout must be a probability in [0, 1], got 1.5"));
+  EXPECT_THAT(
+      error_message([] { d2l::DotProductAttention bad(1.5); }),
+      HasSubstr("d2l::DotProductAttention: dropout must be a probability in [0, 1], got 1.5"));
   for (double p : {-0.5, 1.5, std::nan("")}) {
-    EXPECT_THAT(error_message([&] { d2l::functional::dot_product_attention(q, k, v, {}, p, true); }),
-                HasSubstr(fn + "dropout must be a probability in [0, 1], got " +
-                          (std::isnan(p) ? std::string("nan") : fmt::format("{}", p))));
+    EXPECT_THAT(
+        error_message([&] { d2l::functional::dot_product_attention(q, k, v, {}, p, true); }),
+        HasSubstr(fn + "dropout must be a probability in [0, 1], got " +
+                  (std::isnan(p) ? std::string("nan") : fmt::format("{}", p))));
   }
 }
 

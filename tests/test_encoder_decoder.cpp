@@ -85,12 +85,14 @@ TEST(EncoderDecoder, TakesAUserDefinedEncoderAndDecoder) {
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 4, kVocab}));
   const auto names = parameter_names(*model);
   EXPECT_EQ(names.front(), "encoder.embedding.weight");
-  EXPECT_EQ(std::count_if(names.begin(), names.end(),
-                          [](const std::string& n) { return n.rfind("decoder.attention.", 0) == 0; }),
-            3);  // W_k, W_q, w_v
+  EXPECT_EQ(
+      std::count_if(names.begin(), names.end(),
+                    [](const std::string& n) { return n.rfind("decoder.attention.", 0) == 0; }),
+      3);  // W_k, W_q, w_v
   // Gradients reach the user's parameters through the interface.
   logits.sum().backward();
-  EXPECT_GT(model->named_parameters()["encoder.embedding.weight"].grad().abs().sum().item<float>(), 0);
+  EXPECT_GT(model->named_parameters()["encoder.embedding.weight"].grad().abs().sum().item<float>(),
+            0);
   // The modules are reachable through the interfaces.
   EXPECT_EQ(&model->encoder->as_module(), model->named_children()["encoder"].get());
   EXPECT_EQ(&model->decoder->as_module(), model->named_children()["decoder"].get());
@@ -131,11 +133,13 @@ TEST(EncoderDecoder, RejectsAnEncoderThatIsNotAModule) {
   auto encoder = std::make_shared<NotAModuleEncoder>();
   EXPECT_THAT(
       error_message([&] {
-        d2l::EncoderDecoder(encoder, std::shared_ptr<d2l::Decoder>(d2l::Seq2SeqDecoder(10, 8, 16, 2).ptr()));
+        d2l::EncoderDecoder(encoder,
+                            std::shared_ptr<d2l::Decoder>(d2l::Seq2SeqDecoder(10, 8, 16, 2).ptr()));
       }),
-      HasSubstr("d2l::EncoderDecoder: encoder must be a torch::nn::Module that implements "
-                "d2l::Encoder, got a d2l::Encoder of class (anonymous namespace)::NotAModuleEncoder "
-                "that is not a module"));
+      HasSubstr(
+          "d2l::EncoderDecoder: encoder must be a torch::nn::Module that implements "
+          "d2l::Encoder, got a d2l::Encoder of class (anonymous namespace)::NotAModuleEncoder "
+          "that is not a module"));
   EXPECT_THAT(error_message([&] { encoder->as_module(); }),
               HasSubstr("d2l::Encoder::as_module: this d2l::Encoder (class "
                         "(anonymous namespace)::NotAModuleEncoder) is not a torch::nn::Module"));
@@ -159,7 +163,8 @@ TEST(Seq2Seq, PrettyPrint) {
 
 TEST(Seq2Seq, CloneIsADeepCopy) {
   torch::manual_seed(5);
-  auto model = make_model(true, d2l::Seq2SeqOptions(kVocab, kEmbed, kHiddens, kLayers).dropout(0.1));
+  auto model =
+      make_model(true, d2l::Seq2SeqOptions(kVocab, kEmbed, kHiddens, kLayers).dropout(0.1));
   model->eval();
   auto copy = std::dynamic_pointer_cast<d2l::EncoderDecoderImpl>(model->clone());
   ASSERT_TRUE(copy);
@@ -184,7 +189,8 @@ TEST(Seq2Seq, CloneIsADeepCopy) {
 
 TEST(Seq2Seq, TrainingModeTurnsOnDropout) {
   torch::manual_seed(6);
-  auto model = make_model(true, d2l::Seq2SeqOptions(kVocab, kEmbed, kHiddens, kLayers).dropout(0.5));
+  auto model =
+      make_model(true, d2l::Seq2SeqOptions(kVocab, kEmbed, kHiddens, kLayers).dropout(0.5));
   const auto X = torch::randint(kVocab, {2, 4}), Y = torch::randint(kVocab, {2, 3});
   model->eval();
   EXPECT_TRUE(torch::equal(std::get<0>(model(X, Y)), std::get<0>(model(X, Y))));

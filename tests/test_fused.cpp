@@ -24,8 +24,8 @@
 namespace {
 
 using d2l::Path;
-using d2l::testing::masked_softmax_by;
 using d2l::testing::error_message;
+using d2l::testing::masked_softmax_by;
 using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
 
@@ -94,8 +94,8 @@ TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
       auto run = [&](auto fn) {
         return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
       };
-      expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)), tol,
-                   "masked_softmax m=" + std::to_string(m));
+      expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)),
+                   tol, "masked_softmax m=" + std::to_string(m));
     }
   }
 }
@@ -107,8 +107,8 @@ TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
   auto run = [&](auto fn) {
     return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
   };
-  expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)), kDtypes[0],
-               "non-contiguous");
+  expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)),
+               kDtypes[0], "non-contiguous");
 }
 
 TEST_P(Fused, MaskedSoftmaxDoubleBackwardMatchesComposite) {
@@ -150,7 +150,8 @@ void check_additive(int64_t B, int64_t n, int64_t m, int64_t h, const torch::Ten
   // dtype, the kernel accumulates in float; compare both to float64 instead.
   if (tol.dtype == torch::kHalf || tol.dtype == torch::kBFloat16) {
     auto to_double = [&](auto fn) {
-      return value_and_grads(fn, {q.to(torch::kDouble), k.to(torch::kDouble), w.to(torch::kDouble)}, G);
+      return value_and_grads(fn, {q.to(torch::kDouble), k.to(torch::kDouble), w.to(torch::kDouble)},
+                             G);
     };
     auto fused_scores = scores(Path::kFused);
     auto ref = to_double([&](const auto& in) {
@@ -185,7 +186,8 @@ TEST_P(Fused, AdditiveModuleImplsAgreeIncludingNonContiguousInputs) {
   const auto q = torch::randn({7, 3, 6}, torch::kDouble).transpose(0, 1);  // (3, 7, 6)
   const auto k = torch::randn({3, 11, 5}, torch::kDouble);
   const auto v = torch::randn({3, 11, 2}, torch::kDouble);
-  const auto lens = torch::tensor({{1, 0, 11, 4, 5, 6, 30}, {2, 2, 2, 2, 2, 2, 2}, {9, 8, 7, 6, 5, 4, 3}});
+  const auto lens =
+      torch::tensor({{1, 0, 11, 4, 5, 6, 30}, {2, 2, 2, 2, 2, 2, 2}, {9, 8, 7, 6, 5, 4, 3}});
   const auto a = fused(q, k, v, lens), b = composite(q, k, v, lens);
   EXPECT_LT(max_rel_error(a, b), 1e-12);
   EXPECT_LT(max_rel_error(fused->attention_weights, composite->attention_weights), 1e-12);
@@ -227,13 +229,14 @@ TEST_P(Fused, DotProductWithoutAutogradMatchesComposite) {
   torch::manual_seed(16);
   for (const auto& tol : {kDtypes[0], kDtypes[1]}) {
     for (int64_t m : {1, 7, 9, 17}) {
-      const auto q = torch::randn({3, 4, 5}).to(tol.dtype), k = torch::randn({3, m, 5}).to(tol.dtype);
+      const auto q = torch::randn({3, 4, 5}).to(tol.dtype),
+                 k = torch::randn({3, m, 5}).to(tol.dtype);
       const auto v = torch::randn({3, m, 2}).to(tol.dtype);
       const auto q0 = q.clone(), k0 = k.clone(), v0 = v.clone();
-      for (const auto& lens : {torch::Tensor(), torch::randint(0, m + 2, {3}),
-                               torch::randint(0, m + 2, {3, 4})}) {
-        const auto expected = d2l::functional::dot_product_attention(q, k, v, lens, 0, false,
-                                                                     Path::kComposite);
+      for (const auto& lens :
+           {torch::Tensor(), torch::randint(0, m + 2, {3}), torch::randint(0, m + 2, {3, 4})}) {
+        const auto expected =
+            d2l::functional::dot_product_attention(q, k, v, lens, 0, false, Path::kComposite);
         auto check = [&](const char* mode) {
           const auto [out, weights] =
               d2l::functional::dot_product_attention(q, k, v, lens, 0, false, Path::kFused);
@@ -300,15 +303,20 @@ TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {
 
 TEST(FusedKernels, ChunkedScoresMatchCompositeAcrossManyChunks) {
   torch::manual_seed(16);
-  const auto q = torch::randn({2, 13, 6}, torch::kDouble), k = torch::randn({2, 5, 6}, torch::kDouble);
+  const auto q = torch::randn({2, 13, 6}, torch::kDouble),
+             k = torch::randn({2, 5, 6}, torch::kDouble);
   const auto w = torch::randn({1, 6}, torch::kDouble);
   const auto G = torch::randn({2, 13, 5}, torch::kDouble);
   // 2 * 5 * 6 doubles per query: 1 KiB blocks hold two queries, so 7 blocks.
   const auto chunked = value_and_grads(
-      [&](const auto& in) { return d2l::detail::chunked_additive_scores(in[0], in[1], in[2], 1024); },
+      [&](const auto& in) {
+        return d2l::detail::chunked_additive_scores(in[0], in[1], in[2], 1024);
+      },
       {q, k, w}, G);
   const auto composite = value_and_grads(
-      [&](const auto& in) { return d2l::functional::additive_scores(in[0], in[1], in[2], Path::kComposite); },
+      [&](const auto& in) {
+        return d2l::functional::additive_scores(in[0], in[1], in[2], Path::kComposite);
+      },
       {q, k, w}, G);
   expect_close(chunked, composite, kDtypes[0], "chunked");
 }
@@ -324,7 +332,8 @@ TEST(FusedKernels, FusedAdditiveRefusesDoubleBackwardClearly) {
 
 TEST(FusedKernels, RecordingWeightsCanBeTurnedOff) {
   d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().record_attention_weights(false));
-  d2l::AdditiveAttention add(d2l::AdditiveAttentionOptions(2, 2, 4).record_attention_weights(false));
+  d2l::AdditiveAttention add(
+      d2l::AdditiveAttentionOptions(2, 2, 4).record_attention_weights(false));
   const auto q = torch::randn({1, 2, 2}), k = torch::randn({1, 3, 2}), v = torch::randn({1, 3, 2});
   EXPECT_EQ(dot(q, k, v).sizes(), add(q, k, v).sizes());
   EXPECT_FALSE(dot->attention_weights.defined());
@@ -335,8 +344,9 @@ TEST(FusedKernels, FusedImplRefusesOtherDevices) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(Path::kFused));
   const auto q = torch::randn({1, 2, 2}).cuda();
-  EXPECT_THAT(error_message([&] { dot(q, q, q); }),
-              HasSubstr("d2l::dot_product_attention: Path::kFused runs on the CPU, got tensors on cuda:0"));
+  EXPECT_THAT(
+      error_message([&] { dot(q, q, q); }),
+      HasSubstr("d2l::dot_product_attention: Path::kFused runs on the CPU, got tensors on cuda:0"));
 }
 
 TEST(FusedKernels, IsaCanBeChosenAndNamed) {

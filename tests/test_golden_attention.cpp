@@ -49,8 +49,8 @@ const std::vector<std::string> kDotProductCases = {
 // ---------------------------------------------------------------------------
 
 // Tensor names of a module fixture that are not parameters (see the generator).
-const std::set<std::string> kModuleIO = {"queries", "keys", "values", "valid_lens",
-                                         "G", "output", "attention_weights"};
+const std::set<std::string> kModuleIO = {"queries", "keys",   "values",           "valid_lens",
+                                         "G",       "output", "attention_weights"};
 
 // The state_dict keys stored in a module fixture: every tensor that is neither
 // an input/output nor a gradient.
@@ -64,8 +64,9 @@ std::set<std::string> fixture_parameter_keys(const Fixture& fx) {
 
 // Every tensor in the fixture is one the test reads: nothing goes unchecked.
 void expect_only_known_entries(const Fixture& fx, const std::set<std::string>& params) {
-  std::set<std::string> known = {"queries", "keys", "values", "G", "output",
-                                 "attention_weights", "grad.queries", "grad.keys", "grad.values"};
+  std::set<std::string> known = {
+      "queries",           "keys",         "values",    "G",          "output",
+      "attention_weights", "grad.queries", "grad.keys", "grad.values"};
   if (fx.has_tensor("valid_lens")) known.insert("valid_lens");
   for (const auto& p : params) {
     known.insert(p);
@@ -92,11 +93,11 @@ ModuleInputs module_inputs(const Fixture& fx, torch::Dtype dtype) {
 
 void expect_input_grads(const Fixture& fx, const ModuleInputs& in, Tolerance tol,
                         const std::string& who, const std::string& dtype) {
-  EXPECT_TRUE(close_to(in.queries.grad(), fx.tensor("grad.queries"), tol, who + " grad.queries",
-                       dtype));
+  EXPECT_TRUE(
+      close_to(in.queries.grad(), fx.tensor("grad.queries"), tol, who + " grad.queries", dtype));
   EXPECT_TRUE(close_to(in.keys.grad(), fx.tensor("grad.keys"), tol, who + " grad.keys", dtype));
-  EXPECT_TRUE(close_to(in.values.grad(), fx.tensor("grad.values"), tol, who + " grad.values",
-                       dtype));
+  EXPECT_TRUE(
+      close_to(in.values.grad(), fx.tensor("grad.values"), tol, who + " grad.values", dtype));
 }
 
 class GoldenAdditiveAttention
@@ -108,10 +109,9 @@ TEST_P(GoldenAdditiveAttention, OutputWeightsAndGradsMatchBook) {
   const Tolerance tol = tolerance_for(dtype);
   const std::string who = "d2l::AdditiveAttention";
 
-  d2l::AdditiveAttention attention(static_cast<int64_t>(fx.scalar("key_size")),
-                                   static_cast<int64_t>(fx.scalar("query_size")),
-                                   static_cast<int64_t>(fx.scalar("num_hiddens")),
-                                   fx.scalar("dropout"));
+  d2l::AdditiveAttention attention(
+      static_cast<int64_t>(fx.scalar("key_size")), static_cast<int64_t>(fx.scalar("query_size")),
+      static_cast<int64_t>(fx.scalar("num_hiddens")), fx.scalar("dropout"));
   attention->to(dtype_of(dtype));
   attention->eval();
   ASSERT_FALSE(attention->is_training());
@@ -189,8 +189,8 @@ TEST_P(GoldenDotProductAttention, FunctionalMatchesBook) {
   const auto [out, weights] = d2l::functional::dot_product_attention(
       in.queries, in.keys, in.values, in.valid_lens, fx.scalar("dropout"), /*training=*/false);
   EXPECT_TRUE(close_to(out, fx.tensor("output"), tol, who + " output", dtype));
-  EXPECT_TRUE(close_to(weights, fx.tensor("attention_weights"), tol, who + " attention_weights",
-                       dtype));
+  EXPECT_TRUE(
+      close_to(weights, fx.tensor("attention_weights"), tol, who + " attention_weights", dtype));
   (out * in.G).sum().backward();
   expect_input_grads(fx, in, tol, who, dtype);
 }

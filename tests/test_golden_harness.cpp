@@ -56,9 +56,8 @@ class TempFixture {
  public:
   explicit TempFixture(const std::string& text) {
     static int counter = 0;
-    path_ = (std::filesystem::temp_directory_path() /
-             ("d2l_golden_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
-              ".txt"))
+    path_ = (std::filesystem::temp_directory_path() / ("d2l_golden_" + std::to_string(::getpid()) +
+                                                       "_" + std::to_string(counter++) + ".txt"))
                 .string();
     std::ofstream(path_) << text;
   }

@@ -52,7 +52,8 @@ const std::vector<std::string> kSequenceMaskCases = {
 enum class Softmax { kPublic, kComposite };
 
 void PrintTo(Softmax which, std::ostream* os) {
-  *os << (which == Softmax::kPublic ? "d2l::masked_softmax" : "d2l::masked_softmax(Path::kComposite)");
+  *os << (which == Softmax::kPublic ? "d2l::masked_softmax"
+                                    : "d2l::masked_softmax(Path::kComposite)");
 }
 
 class GoldenMaskedSoftmax
@@ -67,7 +68,8 @@ TEST_P(GoldenMaskedSoftmax, OutputAndGradMatchBook) {
 
   auto X = fx.tensor("X").clone().requires_grad_(true);
   ASSERT_EQ(X.scalar_type(), dtype_of(dtype));
-  const torch::Tensor lens = fx.has_tensor("valid_lens") ? fx.tensor("valid_lens") : torch::Tensor();
+  const torch::Tensor lens =
+      fx.has_tensor("valid_lens") ? fx.tensor("valid_lens") : torch::Tensor();
   const auto out = which == Softmax::kPublic ? d2l::masked_softmax(X, lens)
                                              : d2l::masked_softmax(X, lens, d2l::Path::kComposite);
   EXPECT_TRUE(close_to(out, fx.tensor("output"), tol, path + " output", dtype));
@@ -81,12 +83,11 @@ std::string softmax_param_name(
          (std::get<2>(info.param) == Softmax::kPublic ? "_public" : "_composite");
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenMaskedSoftmax,
-                         ::testing::Combine(::testing::ValuesIn(kMaskedSoftmaxCases),
-                                            ::testing::ValuesIn(kDtypes),
-                                            ::testing::Values(Softmax::kPublic,
-                                                              Softmax::kComposite)),
-                         softmax_param_name);
+INSTANTIATE_TEST_SUITE_P(
+    Golden, GoldenMaskedSoftmax,
+    ::testing::Combine(::testing::ValuesIn(kMaskedSoftmaxCases), ::testing::ValuesIn(kDtypes),
+                       ::testing::Values(Softmax::kPublic, Softmax::kComposite)),
+    softmax_param_name);
 
 // ---------------------------------------------------------------------------
 // sequence_mask: a copy with a fill, so it must match exactly.

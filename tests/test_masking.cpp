@@ -44,10 +44,13 @@ TEST(SequenceMask, RejectsBadArguments) {
   EXPECT_THAT(error_message([] { d2l::sequence_mask(torch::ones({3}), torch::tensor({1})); }),
               HasSubstr("d2l::sequence_mask: X must be a tensor of at least 2 dimensions (N, L, "
                         "...), got [3]"));
-  EXPECT_THAT(
-      error_message([] { d2l::sequence_mask(torch::ones({2, 3}), torch::tensor({1, 2, 3})); }),
-      HasSubstr("d2l::sequence_mask: valid_len must have shape [2] for X [2, 3], got [3]"));
-  EXPECT_THAT(error_message([] { d2l::sequence_mask(torch::ones({2, 3}), torch::tensor({1, -2})); }),
+  EXPECT_THAT(error_message([] {
+                d2l::sequence_mask(torch::ones({2, 3}), torch::tensor({1, 2, 3}));
+              }),
+              HasSubstr("d2l::sequence_mask: valid_len must have shape [2] for X [2, 3], got [3]"));
+  EXPECT_THAT(error_message([] {
+                d2l::sequence_mask(torch::ones({2, 3}), torch::tensor({1, -2}));
+              }),
               HasSubstr("d2l::sequence_mask: valid_len must hold non-negative lengths, got -2"));
   EXPECT_THAT(error_message([] {
                 d2l::sequence_mask(torch::ones({2, 3}, torch::kHalf), torch::tensor({1, 2}), -1e6);
@@ -55,10 +58,11 @@ TEST(SequenceMask, RejectsBadArguments) {
               HasSubstr("d2l::sequence_mask: value -1000000 does not fit X's dtype Half"));
   // Found by the fuzzer: ATen threw std::runtime_error here, and took NaN.
   for (double value : {300.0, -129.0, std::numeric_limits<double>::quiet_NaN()}) {
-    EXPECT_THAT(error_message([&] {
-                  d2l::sequence_mask(torch::ones({2, 3}, torch::kChar), torch::tensor({1, 2}), value);
-                }),
-                HasSubstr("does not fit X's dtype Char (range [-128, 127])"));
+    EXPECT_THAT(
+        error_message([&] {
+          d2l::sequence_mask(torch::ones({2, 3}, torch::kChar), torch::tensor({1, 2}), value);
+        }),
+        HasSubstr("does not fit X's dtype Char (range [-128, 127])"));
   }
   EXPECT_THAT(error_message([] {
                 d2l::sequence_mask(torch::ones({2, 3}, torch::kLong), torch::tensor({1, 2}), 1e19);
@@ -161,8 +165,9 @@ TEST_P(MaskedSoftmax, ReducedPrecisionMatchesADoubleReference) {
     EXPECT_FALSE(out.isnan().any().item<bool>()) << c10::toString(dtype);
     // Compare against the reference on the rounded inputs: rounding 6e4 to
     // half moves a score by up to 16, far more than the kernel's own error.
-    EXPECT_LT((out.to(torch::kDouble) - reference_masked_softmax(Xr, lens)).abs().max().item<double>(),
-              tol)
+    EXPECT_LT(
+        (out.to(torch::kDouble) - reference_masked_softmax(Xr, lens)).abs().max().item<double>(),
+        tol)
         << c10::toString(dtype);
   }
 }
@@ -213,25 +218,42 @@ TEST_P(MaskedSoftmax, GradientsStayFiniteWithPoisonedMaskedScores) {
 TEST_P(MaskedSoftmax, RejectsBadArguments) {
   const auto X = torch::randn({2, 3, 4});
   const std::string fn = std::string(GetParam().function) + ": ";
-  EXPECT_THAT(error_message([&] { run(torch::randn({2, 4}), torch::tensor({1, 2})); }),
+  EXPECT_THAT(error_message([&] {
+                run(torch::randn({2, 4}), torch::tensor({1, 2}));
+              }),
               HasSubstr(fn + "X must be a 3-D tensor, got [2, 4]"));
-  EXPECT_THAT(error_message([&] { run(torch::ones({2, 3, 4}, torch::kLong), torch::tensor({1, 2})); }),
+  EXPECT_THAT(error_message([&] {
+                run(torch::ones({2, 3, 4}, torch::kLong), torch::tensor({1, 2}));
+              }),
               HasSubstr(fn + "X must have a floating-point dtype, got Long"));
-  EXPECT_THAT(error_message([&] { run(torch::ones({2, 3}, torch::kInt)); }),
+  EXPECT_THAT(error_message([&] {
+                run(torch::ones({2, 3}, torch::kInt));
+              }),
               HasSubstr(fn + "X must have a floating-point dtype, got Int"));
-  EXPECT_THAT(error_message([&] { run(X, torch::tensor({1, 2, 3})); }),
+  EXPECT_THAT(error_message([&] {
+                run(X, torch::tensor({1, 2, 3}));
+              }),
               HasSubstr(fn + "valid_lens must have shape [2] or [2, 3] for X [2, 3, 4], got [3]"));
-  EXPECT_THAT(error_message([&] { run(X, torch::ones({2, 4}, torch::kLong)); }),
-              HasSubstr(fn + "valid_lens must have shape [2] or [2, 3] for X [2, 3, 4], got [2, 4]"));
-  EXPECT_THAT(error_message([&] { run(X, torch::tensor({1, -1})); }),
+  EXPECT_THAT(
+      error_message([&] {
+        run(X, torch::ones({2, 4}, torch::kLong));
+      }),
+      HasSubstr(fn + "valid_lens must have shape [2] or [2, 3] for X [2, 3, 4], got [2, 4]"));
+  EXPECT_THAT(error_message([&] {
+                run(X, torch::tensor({1, -1}));
+              }),
               HasSubstr(fn + "valid_lens must hold non-negative lengths, got -1 at flat index 1"));
-  EXPECT_THAT(error_message([&] { run(X, torch::tensor({1.0, 2.5})); }),
+  EXPECT_THAT(error_message([&] {
+                run(X, torch::tensor({1.0, 2.5}));
+              }),
               HasSubstr(fn + "valid_lens must hold whole numbers, got 2.5 at flat index 1"));
   EXPECT_THAT(error_message([&] {
                 run(X, torch::tensor({1.0, std::numeric_limits<double>::quiet_NaN()}));
               }),
               HasSubstr(fn + "valid_lens must hold whole numbers, got nan"));
-  EXPECT_THAT(error_message([&] { run(X, torch::tensor({true, false})); }),
+  EXPECT_THAT(error_message([&] {
+                run(X, torch::tensor({true, false}));
+              }),
               HasSubstr(fn + "valid_lens must have an integer dtype (or a floating-point one "
                              "holding whole numbers), got Bool"));
 }
@@ -256,10 +278,9 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
 
 INSTANTIATE_TEST_SUITE_P(
     Implementations, MaskedSoftmax,
-    ::testing::Values(
-        Implementation{"default", d2l::Path::kAuto, "d2l::masked_softmax"},
-        Implementation{"composite", d2l::Path::kComposite, "d2l::masked_softmax"},
-        Implementation{"fused", d2l::Path::kFused, "d2l::masked_softmax"}),
+    ::testing::Values(Implementation{"default", d2l::Path::kAuto, "d2l::masked_softmax"},
+                      Implementation{"composite", d2l::Path::kComposite, "d2l::masked_softmax"},
+                      Implementation{"fused", d2l::Path::kFused, "d2l::masked_softmax"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

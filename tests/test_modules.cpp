@@ -42,7 +42,8 @@ TEST(Modules, CloneIsADeepCopy) {
 
 TEST(Modules, TrainAndEvalSwitchDropout) {
   d2l::AdditiveAttention attention(2, 2, 4, 0.5);
-  const auto q = torch::randn({4, 8, 2}), k = torch::randn({4, 16, 2}), v = torch::randn({4, 16, 3});
+  const auto q = torch::randn({4, 8, 2}), k = torch::randn({4, 16, 2}),
+             v = torch::randn({4, 16, 3});
   attention->eval();
   EXPECT_FALSE(attention->dropout->is_training());
   const auto a = attention(q, k, v), b = attention(q, k, v);
@@ -56,9 +57,9 @@ TEST(Modules, ToDtypeConvertsParameters) {
   d2l::AdditiveAttention attention(2, 3, 4, 0.0);
   attention->to(torch::kDouble);
   for (const auto& p : attention->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
-  const auto out = attention(torch::randn({1, 2, 3}, torch::kDouble),
-                             torch::randn({1, 4, 2}, torch::kDouble),
-                             torch::randn({1, 4, 5}, torch::kDouble));
+  const auto out =
+      attention(torch::randn({1, 2, 3}, torch::kDouble), torch::randn({1, 4, 2}, torch::kDouble),
+                torch::randn({1, 4, 5}, torch::kDouble));
   EXPECT_EQ(out.scalar_type(), torch::kDouble);
 }
 

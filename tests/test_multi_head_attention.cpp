@@ -324,7 +324,10 @@ TEST(MultiHeadAttention, ForwardIsTheFunctionalFormWithTheModuleWeights) {
   namespace F = d2l::functional;
   auto o = F::MultiHeadAttentionFuncOptions(3, m->W_q->weight, m->W_k->weight, m->W_v->weight,
                                             m->W_o->weight)
-               .b_q(m->W_q->bias).b_k(m->W_k->bias).b_v(m->W_v->bias).b_o(m->W_o->bias)
+               .b_q(m->W_q->bias)
+               .b_k(m->W_k->bias)
+               .b_v(m->W_v->bias)
+               .b_o(m->W_o->bias)
                .dropout(0.2);
   for (bool training : {false, true}) {
     m->train(training);
@@ -335,12 +338,14 @@ TEST(MultiHeadAttention, ForwardIsTheFunctionalFormWithTheModuleWeights) {
     EXPECT_TRUE(torch::equal(out, f_out)) << "training=" << training;
     EXPECT_TRUE(torch::equal(m->attention->attention_weights, f_weights)) << training;
   }
-  EXPECT_FALSE(std::get<1>(F::multi_head_attention(q, k, v, lens, o.need_weights(false))).defined());
+  EXPECT_FALSE(
+      std::get<1>(F::multi_head_attention(q, k, v, lens, o.need_weights(false))).defined());
   const std::string fn = "d2l::multi_head_attention: ";
   auto error = [&](F::MultiHeadAttentionFuncOptions bad) {
     return error_message([&] { F::multi_head_attention(q, k, v, lens, bad); });
   };
-  EXPECT_THAT(error(o.W_o(torch::randn({6, 5}))), HasSubstr(fn + "W_o must have shape [6, 6], got [6, 5]"));
+  EXPECT_THAT(error(o.W_o(torch::randn({6, 5}))),
+              HasSubstr(fn + "W_o must have shape [6, 6], got [6, 5]"));
   EXPECT_THAT(error(o.W_o(m->W_o->weight).b_q(torch::randn({5}))),
               HasSubstr(fn + "b_q must have shape [6] or be undefined, got [5]"));
   EXPECT_THAT(error(o.b_q({}).num_heads(4)),

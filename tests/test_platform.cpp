@@ -3,10 +3,10 @@
 // composite oracle, the choice Path::kAuto makes, the errors where a feature
 // is missing, and the same checks on CUDA where a GPU is present.
 
+#include <d2l/additive_attention.h>
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/masked_softmax.h>
-#include <d2l/additive_attention.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/torch_version.h>
 
@@ -36,8 +36,8 @@ TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
                                       std::to_string(TORCH_VERSION_MINOR) + "." +
                                       std::to_string(TORCH_VERSION_PATCH));
   EXPECT_GE(TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR, 113);
-  EXPECT_EQ(d2l::sdpa_available(), TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 ||
-                                                                TORCH_VERSION_MINOR >= 1));
+  EXPECT_EQ(d2l::sdpa_available(),
+            TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1));
   // The macro compares both numbers: 1.13 is older than 2.0.
   EXPECT_EQ(D2L_TORCH_VERSION_AT_LEAST(2, 0), TORCH_VERSION_MAJOR >= 2);
   EXPECT_TRUE(D2L_TORCH_VERSION_AT_LEAST(1, 13));
@@ -52,7 +52,8 @@ TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
     EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Path::kSdpa); }),
                 HasSubstr("d2l::dot_product_attention: Path::kSdpa needs LibTorch 2.1 or newer "
                           "(at::scaled_dot_product_attention); this build of d2l_attention uses "
-                          "LibTorch " + d2l::torch_version()));
+                          "LibTorch " +
+                          d2l::torch_version()));
   } else {
     EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Path::kSdpa, /*need_weights=*/true); }),
                 HasSubstr("d2l::dot_product_attention: Path::kSdpa returns no attention weights; "
@@ -62,13 +63,13 @@ TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
                 HasSubstr("record_attention_weights(false)"));
   }
   // Only dot-product attention has an SDPA path.
-  EXPECT_THAT(error_message([&] {
-                d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, Path::kSdpa);
-              }),
-              HasSubstr("d2l::masked_softmax: Path::kSdpa (LibTorch's scaled_dot_product_attention) "
-                        "is only for dot-product attention"));
-  d2l::AdditiveAttention additive(
-      d2l::AdditiveAttentionOptions(4, 4, 8).path(Path::kSdpa));
+  EXPECT_THAT(
+      error_message([&] {
+        d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, Path::kSdpa);
+      }),
+      HasSubstr("d2l::masked_softmax: Path::kSdpa (LibTorch's scaled_dot_product_attention) "
+                "is only for dot-product attention"));
+  d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 8).path(Path::kSdpa));
   EXPECT_THAT(error_message([&] { additive(q, k, v); }), HasSubstr("is only for dot-product"));
 }
 
@@ -76,16 +77,15 @@ TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
 // composite path in the same dtype (reduced precision: both round to it).
 using d2l::testing::DtypeTolerance;
 const std::vector<DtypeTolerance> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
-                                             {torch::kFloat, 2e-6, 2e-5},
-                                             {torch::kBFloat16, 2e-2, 5e-2},
-                                             {torch::kHalf, 3e-3, 1e-2}};
+                                                 {torch::kFloat, 2e-6, 2e-5},
+                                                 {torch::kBFloat16, 2e-2, 5e-2},
+                                                 {torch::kHalf, 3e-3, 1e-2}};
 
 std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {
-  return {torch::Tensor(),
-          torch::randint(0, m + 3, {B}),                      // 0, below, at and above m
-          torch::randint(0, m + 3, {B, n}),                   // per query
-          torch::randint(0, m + 3, {B}).to(torch::kDouble),   // whole numbers in float
-          torch::zeros({B}, torch::kLong)};                   // no valid key at all
+  return {torch::Tensor(), torch::randint(0, m + 3, {B}),    // 0, below, at and above m
+          torch::randint(0, m + 3, {B, n}),                  // per query
+          torch::randint(0, m + 3, {B}).to(torch::kDouble),  // whole numbers in float
+          torch::zeros({B}, torch::kLong)};                  // no valid key at all
 }
 
 // Forward and backward of the SDPA path against the composite oracle.
@@ -96,9 +96,8 @@ void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor&
     auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
          v = v0.detach().clone().requires_grad_();
     auto out = std::get<0>(dot(q, k, v, lens, path));
-    const auto G = torch::linspace(-1, 1, out.numel(), torch::kDouble)
-                       .reshape(out.sizes())
-                       .to(out.options());
+    const auto G =
+        torch::linspace(-1, 1, out.numel(), torch::kDouble).reshape(out.sizes()).to(out.options());
     (out * G).sum().backward();
     return std::vector<torch::Tensor>{out, q.grad(), k.grad(), v.grad()};
   };
@@ -136,7 +135,7 @@ TEST(Platform, SdpaMatchesTheCompositePathForwardAndBackward) {
 TEST(Platform, SdpaHandlesNonContiguousInputs) {
   if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
   torch::manual_seed(12);
-  const auto q = torch::randn({5, 3, 4}, torch::kDouble).transpose(0, 1);    // (3, 5, 4)
+  const auto q = torch::randn({5, 3, 4}, torch::kDouble).transpose(0, 1);     // (3, 5, 4)
   const auto k = torch::randn({4, 6, 3}, torch::kDouble).permute({2, 1, 0});  // (3, 6, 4)
   const auto v = torch::randn({1, 6, 2}, torch::kDouble).expand({3, 6, 2});
   expect_sdpa_matches_composite(q, k, v, torch::tensor({2, 0, 9}), kSdpaDtypes[0],
@@ -231,17 +230,21 @@ TEST(Platform, ModulesWithoutWeightsRunSdpaWithTheSameNumbers) {
   auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
   d2l::MultiHeadAttention mha_sdpa(
       d2l::MultiHeadAttentionOptions(options).path(Path::kSdpa).record_attention_weights(false));
-  d2l::MultiHeadAttention mha_composite(d2l::MultiHeadAttentionOptions(options).path(Path::kComposite));
+  d2l::MultiHeadAttention mha_composite(
+      d2l::MultiHeadAttentionOptions(options).path(Path::kComposite));
   torch::NoGradGuard no_grad;
-  for (auto& p : mha_sdpa->named_parameters()) p.value().copy_(mha_composite->named_parameters()[p.key()]);
+  for (auto& p : mha_sdpa->named_parameters())
+    p.value().copy_(mha_composite->named_parameters()[p.key()]);
   EXPECT_LT(max_rel_error(mha_sdpa(q, k, v, lens), mha_composite(q, k, v, lens)), 2e-6);
 }
 
 TEST(Platform, SdpaDropoutOnlyInTraining) {
   if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
-  d2l::DotProductAttention attention(
-      d2l::DotProductAttentionOptions().dropout(1.0).path(Path::kSdpa).record_attention_weights(false));
+  d2l::DotProductAttention attention(d2l::DotProductAttentionOptions()
+                                         .dropout(1.0)
+                                         .path(Path::kSdpa)
+                                         .record_attention_weights(false));
   attention->train();
   EXPECT_EQ(attention(q, k, v).abs().sum().item<float>(), 0);
   attention->eval();
@@ -259,18 +262,24 @@ TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
   std::vector<Path> impls = {Path::kAuto, Path::kComposite};
   if (d2l::sdpa_available()) impls.push_back(Path::kSdpa);
   for (Path path : impls) {
-    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), path); }),
+    EXPECT_THAT(error_message([&] {
+                  dot(q, k, v, torch::tensor({1, 2}), path);
+                }),
                 HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
                           "queries (meta), got cpu"))
         << d2l::to_string(path);
-    EXPECT_THAT(error_message([&] { dot(q, torch::randn({2, 5, 4}), v, {}, path); }),
+    EXPECT_THAT(error_message([&] {
+                  dot(q, torch::randn({2, 5, 4}), v, {}, path);
+                }),
                 HasSubstr("d2l::dot_product_attention: keys must be on the same device as "
                           "queries (meta), got cpu"))
         << d2l::to_string(path);
   }
   d2l::DotProductAttention module(
       d2l::DotProductAttentionOptions().record_attention_weights(false));
-  EXPECT_THAT(error_message([&] { module(torch::randn({2, 3, 4}), k, v); }),
+  EXPECT_THAT(error_message([&] {
+                module(torch::randn({2, 3, 4}), k, v);
+              }),
               HasSubstr("keys must be on the same device as queries (cpu), got meta"));
 }
 
@@ -286,7 +295,8 @@ TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
     const auto q = torch::randn({3, 9, 64}), k = torch::randn({3, 33, 64}),
                v = torch::randn({3, 33, 64});
     for (const auto& lens : length_cases(3, 9, 33)) {
-      auto ref_q = q.to(torch::kDouble).requires_grad_(), ref_k = k.to(torch::kDouble).requires_grad_(),
+      auto ref_q = q.to(torch::kDouble).requires_grad_(),
+           ref_k = k.to(torch::kDouble).requires_grad_(),
            ref_v = v.to(torch::kDouble).requires_grad_();
       const auto ref = std::get<0>(dot(ref_q, ref_k, ref_v, lens, Path::kComposite));
       ref.sum().backward();
@@ -313,7 +323,9 @@ TEST(PlatformCuda, MixedDevicesAreClearErrors) {
              v = torch::randn({2, 5, 2}).cuda();
   for (Path path : {Path::kAuto, Path::kComposite, Path::kSdpa}) {
     if (path == Path::kSdpa && !d2l::sdpa_available()) continue;
-    EXPECT_THAT(error_message([&] { dot(q, k, v, torch::tensor({1, 2}), path); }),
+    EXPECT_THAT(error_message([&] {
+                  dot(q, k, v, torch::tensor({1, 2}), path);
+                }),
                 HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
                           "queries (cuda:0), got cpu"));
     EXPECT_THAT(error_message([&] { dot(q, k.cpu(), v, {}, path); }),

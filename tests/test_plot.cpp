@@ -158,8 +158,10 @@ TEST(Plot, TextIsEscaped) {
   EXPECT_THAT(svg, HasSubstr(">a&lt;b&gt;</text>"));
   EXPECT_THAT(svg, Not(HasSubstr("a<b>")));
   // Control characters are not allowed in XML 1.0: they become U+FFFD.
-  const auto control = d2l::plot_svg({line({0, 1}, {0, 1})}, d2l::PlotOptions().title("a\x01" "b"));
-  EXPECT_THAT(control, HasSubstr(">a\xEF\xBF\xBD" "b</text>"));
+  const auto control = d2l::plot_svg({line({0, 1}, {0, 1})}, d2l::PlotOptions().title("a\x01"
+                                                                                      "b"));
+  EXPECT_THAT(control, HasSubstr(">a\xEF\xBF\xBD"
+                                 "b</text>"));
   EXPECT_THAT(control, Not(HasSubstr("\x01")));
 }
 

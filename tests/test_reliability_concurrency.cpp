@@ -33,8 +33,8 @@ std::vector<QKV> concurrency_inputs(int64_t query_size, int64_t key_size) {
   torch::manual_seed(31);
   const int64_t B = 2, n = 3, m = 10;
   std::vector<QKV> sets;
-  for (const auto& lens : {torch::Tensor(), torch::tensor({2, 6}), torch::tensor({{0, 10, 4}, {7, 1, 30}}),
-                           torch::tensor({9, 3})}) {
+  for (const auto& lens : {torch::Tensor(), torch::tensor({2, 6}),
+                           torch::tensor({{0, 10, 4}, {7, 1, 30}}), torch::tensor({9, 3})}) {
     sets.push_back({torch::randn({B, n, query_size}), torch::randn({B, m, key_size}),
                     torch::randn({B, m, 4}), lens});
   }
@@ -107,7 +107,8 @@ TEST(ReliabilityConcurrency, SharedAdditiveAttentionRecordingWeights) {
 
 TEST(ReliabilityConcurrency, SharedAdditiveAttentionNotRecording) {
   torch::manual_seed(30);
-  d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).record_attention_weights(false));
+  d2l::AdditiveAttention module(
+      d2l::AdditiveAttentionOptions(5, 6, 8).record_attention_weights(false));
   expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
 }
 

@@ -194,13 +194,15 @@ void check_dot_product_numerics(const torch::Device& device) {
   torch::manual_seed(33);
   const int64_t B = 3, n = 4, m = 11, d = 6;
   const auto lens = torch::tensor({0, 4, 11});
-  const auto q = torch::randn({B, n, d}, torch::kDouble), v = torch::randn({B, m, 2}, torch::kDouble);
+  const auto q = torch::randn({B, n, d}, torch::kDouble),
+             v = torch::randn({B, m, 2}, torch::kDouble);
   const auto G = torch::randn({B, n, 2}, torch::kDouble);
   auto attend = [&](Path path) {
-    return [&lens, path](const torch::Tensor& qq, const torch::Tensor& kk, const torch::Tensor& vv) {
-      return std::get<0>(d2l::functional::dot_product_attention(
-          qq, kk, vv, lens.to(qq.device()), 0, false, path));
-    };
+    return
+        [&lens, path](const torch::Tensor& qq, const torch::Tensor& kk, const torch::Tensor& vv) {
+          return std::get<0>(d2l::functional::dot_product_attention(
+              qq, kk, vv, lens.to(qq.device()), 0, false, path));
+        };
   };
   for (const auto& c : kDtypeCases) {
     if (c.dtype == torch::kHalf && device.is_cpu()) continue;  // no CPU float16 bmm
@@ -210,8 +212,8 @@ void check_dot_product_numerics(const torch::Device& device) {
     const auto want = output_and_grads(attend(Path::kComposite), {q, clean, v}, {}, G);
     for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
       if (path == Path::kFused && !device.is_cpu()) continue;
-      const auto what = describe(fmt::format("dot_product_attention path={}", static_cast<int>(path)),
-                                 c, device);
+      const auto what =
+          describe(fmt::format("dot_product_attention path={}", static_cast<int>(path)), c, device);
       auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
       const auto got = output_and_grads(attend(path), {cast(q), cast(keys), cast(v)}, {}, G);
       expect_same_outputs_and_grads(got, want, c.tolerance, what);
@@ -235,7 +237,8 @@ void check_additive_numerics(const torch::Device& device) {
   torch::manual_seed(34);
   const int64_t B = 3, n = 4, m = 11, d = 5;
   const auto lens = torch::tensor({0, 4, 11});
-  const auto q = torch::randn({B, n, 6}, torch::kDouble), v = torch::randn({B, m, 2}, torch::kDouble);
+  const auto q = torch::randn({B, n, 6}, torch::kDouble),
+             v = torch::randn({B, m, 2}, torch::kDouble);
   const auto G = torch::randn({B, n, 2}, torch::kDouble);
   for (const auto& c : kDtypeCases) {
     if (c.dtype == torch::kHalf && device.is_cpu()) continue;
@@ -248,18 +251,19 @@ void check_additive_numerics(const torch::Device& device) {
       torch::manual_seed(35);
       d2l::AdditiveAttention attention(d2l::AdditiveAttentionOptions(d, 6, 7).path(path));
       torch::manual_seed(35);
-      d2l::AdditiveAttention reference(d2l::AdditiveAttentionOptions(d, 6, 7).path(Path::kComposite));
+      d2l::AdditiveAttention reference(
+          d2l::AdditiveAttentionOptions(d, 6, 7).path(Path::kComposite));
       attention->to(device, c.dtype);
       reference->to(torch::kDouble);
       auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
-      const auto got = output_and_grads(
-          [&](const auto& qq, const auto& kk, const auto& vv) {
-            return attention(qq, kk, vv, lens.to(device));
-          },
-          {cast(q), cast(keys), cast(v)}, attention->parameters(), G);
-      const auto want = output_and_grads(
-          [&](const auto& qq, const auto& kk, const auto& vv) { return reference(qq, kk, vv, lens); },
-          {q, clean, v}, reference->parameters(), G);
+      const auto got =
+          output_and_grads([&](const auto& qq, const auto& kk,
+                               const auto& vv) { return attention(qq, kk, vv, lens.to(device)); },
+                           {cast(q), cast(keys), cast(v)}, attention->parameters(), G);
+      const auto want =
+          output_and_grads([&](const auto& qq, const auto& kk,
+                               const auto& vv) { return reference(qq, kk, vv, lens); },
+                           {q, clean, v}, reference->parameters(), G);
       expect_same_outputs_and_grads(got, want, c.tolerance, what);
       EXPECT_TRUE(attention->attention_weights.isfinite().all().item<bool>()) << what;
     }
@@ -306,10 +310,11 @@ TEST(ReliabilityNumerics, RowsWithNoValidPositionGiveZerosAndZeroGradients) {
                                                const auto& vv) { return dot(qq, kk, vv, lens); },
                                            {q, k, v}, {}, G),
                           "DotProductAttention " + what);
-          expect_all_zero(output_and_grads([&](const auto& qq, const auto& kk,
-                                               const auto& vv) { return additive(qq, kk, vv, lens); },
-                                           {q, k, v}, additive->parameters(), G),
-                          "AdditiveAttention " + what);
+          expect_all_zero(
+              output_and_grads([&](const auto& qq, const auto& kk,
+                                   const auto& vv) { return additive(qq, kk, vv, lens); },
+                               {q, k, v}, additive->parameters(), G),
+              "AdditiveAttention " + what);
         }
       }
     }
@@ -344,7 +349,8 @@ TEST(ReliabilityNumerics, NonFiniteValidScoresNeverLeakIntoMaskedPositions) {
   }
   const auto saved = d2l::cpu_isa();
   const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
-      {"composite", masked_softmax_by(Path::kComposite)}, {"fused", masked_softmax_by(Path::kFused)}};
+      {"composite", masked_softmax_by(Path::kComposite)},
+      {"fused", masked_softmax_by(Path::kFused)}};
   for (const auto isa : isas) {
     d2l::set_cpu_isa(isa);
     for (int64_t m : {2, 5, 6, 9, 13, 17, 33}) {
@@ -358,8 +364,9 @@ TEST(ReliabilityNumerics, NonFiniteValidScoresNeverLeakIntoMaskedPositions) {
           const auto G = torch::randn({2, 3, m}, c.dtype);
           std::vector<torch::Tensor> outs, grads;
           for (const auto& [name, fn] : paths) {
-            const auto what = fmt::format("{} isa={} m={} special={}", describe(name, c, torch::kCPU),
-                                          d2l::to_string(isa), m, special);
+            const auto what =
+                fmt::format("{} isa={} m={} special={}", describe(name, c, torch::kCPU),
+                            d2l::to_string(isa), m, special);
             const auto x = X.clone().requires_grad_();
             const auto y = fn(x, lens);
             y.backward(G);

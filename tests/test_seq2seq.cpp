@@ -50,8 +50,9 @@ int64_t uses_in_graph(const torch::Tensor& leaf, const torch::Tensor& root) {
 
 // The decoder of the book, step by step, calling the AdditiveAttention module
 // (and so W_k) at every step: the oracle for the projected-keys path.
-std::tuple<torch::Tensor, torch::Tensor> book_attention_decoder(
-    d2l::Seq2SeqAttentionDecoderImpl& d, const torch::Tensor& X, const d2l::DecoderState& state) {
+std::tuple<torch::Tensor, torch::Tensor> book_attention_decoder(d2l::Seq2SeqAttentionDecoderImpl& d,
+                                                                const torch::Tensor& X,
+                                                                const d2l::DecoderState& state) {
   const auto embedded = d.embedding(X).permute({1, 0, 2});
   auto hidden_state = state.hidden_state;
   std::vector<torch::Tensor> outputs, weights;
@@ -131,11 +132,12 @@ TEST_P(Seq2SeqParity, MatchesThePythonReference) {
   const bool attention = name.find("attention") != std::string::npos;
   const bool is_double = name.find("float64") != std::string::npos;
   const double tol = is_double ? 1e-12 : 1e-5;
-  auto model = make_model(attention, d2l::Seq2SeqOptions(static_cast<int64_t>(f.scalar("vocab_size")),
-                                                         static_cast<int64_t>(f.scalar("embed_size")),
-                                                         static_cast<int64_t>(f.scalar("num_hiddens")),
-                                                         static_cast<int64_t>(f.scalar("num_layers")))
-                                          .dropout(f.scalar("dropout")));
+  auto model =
+      make_model(attention, d2l::Seq2SeqOptions(static_cast<int64_t>(f.scalar("vocab_size")),
+                                                static_cast<int64_t>(f.scalar("embed_size")),
+                                                static_cast<int64_t>(f.scalar("num_hiddens")),
+                                                static_cast<int64_t>(f.scalar("num_layers")))
+                                .dropout(f.scalar("dropout")));
   if (attention) {
     std::dynamic_pointer_cast<d2l::Seq2SeqAttentionDecoderImpl>(model->decoder)
         ->attention->options.path(path);
@@ -143,8 +145,9 @@ TEST_P(Seq2SeqParity, MatchesThePythonReference) {
   model->to(is_double ? torch::kDouble : torch::kFloat);
   model->eval();
 
-  const std::set<std::string> not_parameters = {"enc_X", "dec_X", "enc_valid_lens", "G", "G_state",
-                                                "output", "hidden_state", "attention_weights"};
+  const std::set<std::string> not_parameters = {
+      "enc_X",   "dec_X",  "enc_valid_lens", "G",
+      "G_state", "output", "hidden_state",   "attention_weights"};
   std::vector<std::string> fixture_parameters;
   for (const auto& name : f.tensor_names()) {
     if (not_parameters.count(name) == 0 && name.rfind("grad.", 0) != 0 &&
@@ -160,7 +163,8 @@ TEST_P(Seq2SeqParity, MatchesThePythonReference) {
     for (auto& p : model->named_parameters()) p.value().copy_(f.tensor(p.key()));
   }
 
-  const auto enc_X = f.tensor("enc_X"), dec_X = f.tensor("dec_X"), lens = f.tensor("enc_valid_lens");
+  const auto enc_X = f.tensor("enc_X"), dec_X = f.tensor("dec_X"),
+             lens = f.tensor("enc_valid_lens");
   const auto [output, state] = model(enc_X, dec_X, lens);
   double worst = 0;
   auto expect_close = [&](const torch::Tensor& actual, const std::string& name) {
@@ -275,21 +279,33 @@ TEST(Seq2Seq, RejectsBadTokenIds) {
   EXPECT_THAT(error_message([&] { encoder(torch::zeros({4}, torch::kLong)); }),
               HasSubstr("d2l::Seq2SeqEncoder: X must be a 2-D tensor (batch_size, num_steps) of "
                         "token ids with at least one example and one step, got [4]"));
-  EXPECT_THAT(error_message([&] { encoder(torch::zeros({4, 0}, torch::kLong)); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(torch::zeros({4, 0}, torch::kLong));
+              }),
               HasSubstr("got [4, 0]"));
-  EXPECT_THAT(error_message([&] { encoder(torch::zeros({4, 7})); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(torch::zeros({4, 7}));
+              }),
               HasSubstr("d2l::Seq2SeqEncoder: X must hold integer token ids, got dtype Float"));
-  EXPECT_THAT(error_message([&] { encoder(torch::tensor({{1, 2, 10}})); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(torch::tensor({{1, 2, 10}}));
+              }),
               HasSubstr("d2l::Seq2SeqEncoder: X must hold token ids in [0, vocab_size=10), got ids "
                         "from 1 to 10"));
-  EXPECT_THAT(error_message([&] { encoder(torch::tensor({{-1, 2, 3}})); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(torch::tensor({{-1, 2, 3}}));
+              }),
               HasSubstr("got ids from -1 to 3"));
-  EXPECT_THAT(error_message([&] { encoder(torch::ones({2, 3}, torch::kInt), torch::tensor({1})); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(torch::ones({2, 3}, torch::kInt), torch::tensor({1}));
+              }),
               HasSubstr("d2l::Seq2SeqEncoder: valid_lens must have shape [batch_size=2], got [1]"));
 
   d2l::Seq2SeqDecoder decoder(kVocab, kEmbed, kHiddens, kLayers);
   const auto state = decoder->init_state(encoder(torch::ones({2, 3}, torch::kLong)));
-  EXPECT_THAT(error_message([&] { decoder(torch::full({2, 1}, 12), state); }),
+  EXPECT_THAT(error_message([&] {
+                decoder(torch::full({2, 1}, 12), state);
+              }),
               HasSubstr("d2l::Seq2SeqDecoder: X must hold token ids in [0, vocab_size=10), got "
                         "ids from 12 to 12"));
 }
@@ -298,30 +314,44 @@ TEST(Seq2Seq, RejectsBadStatesAndLengths) {
   d2l::Seq2SeqEncoder encoder(kVocab, kEmbed, kHiddens, kLayers);
   d2l::Seq2SeqAttentionDecoder decoder(kVocab, kEmbed, kHiddens, kLayers);
   const auto enc = encoder(torch::ones({2, 3}, torch::kLong));
-  EXPECT_THAT(error_message([&] { decoder->init_state(enc, torch::tensor({{1, 2}})); }),
+  EXPECT_THAT(error_message([&] {
+                decoder->init_state(enc, torch::tensor({{1, 2}}));
+              }),
               HasSubstr("d2l::Seq2SeqAttentionDecoder::init_state: enc_valid_lens must have "
                         "shape [batch_size=2], got [1, 2]"));
-  EXPECT_THAT(error_message([&] { decoder->init_state(enc, torch::tensor({1, -2})); }),
+  EXPECT_THAT(error_message([&] {
+                decoder->init_state(enc, torch::tensor({1, -2}));
+              }),
               HasSubstr("enc_valid_lens must hold non-negative lengths, got -2"));
-  EXPECT_THAT(error_message([&] { decoder->init_state({enc.outputs, enc.hidden_state[0]}); }),
+  EXPECT_THAT(error_message([&] {
+                decoder->init_state({enc.outputs, enc.hidden_state[0]});
+              }),
               HasSubstr("d2l::Seq2SeqAttentionDecoder::init_state: enc_outputs.hidden_state must "
                         "have shape [num_layers=2, batch_size=2, num_hiddens=16], got [2, 16]"));
-  EXPECT_THAT(error_message([&] { decoder->init_state({enc.outputs.to(torch::kDouble), enc.hidden_state}); }),
+  EXPECT_THAT(error_message([&] {
+                decoder->init_state({enc.outputs.to(torch::kDouble), enc.hidden_state});
+              }),
               HasSubstr("enc_outputs.outputs must have the same dtype as enc_outputs.hidden_state "
                         "(Float), got Double"));
 
   const auto state = decoder->init_state(enc, torch::tensor({3, 1}));
-  EXPECT_THAT(error_message([&] { decoder(torch::ones({3, 1}, torch::kLong), state); }),
+  EXPECT_THAT(error_message([&] {
+                decoder(torch::ones({3, 1}, torch::kLong), state);
+              }),
               HasSubstr("d2l::Seq2SeqAttentionDecoder: state.hidden_state must have shape "
                         "[num_layers=2, batch_size=3, num_hiddens=16], got [2, 2, 16]"));
   d2l::DecoderState hand_made;
   hand_made.hidden_state = enc.hidden_state;
   hand_made.enc_outputs = enc.outputs.permute({1, 0, 2});
-  EXPECT_THAT(error_message([&] { decoder(torch::ones({2, 1}, torch::kLong), hand_made); }),
+  EXPECT_THAT(error_message([&] {
+                decoder(torch::ones({2, 1}, torch::kLong), hand_made);
+              }),
               HasSubstr("d2l::Seq2SeqAttentionDecoder: state must come from init_state"));
 
   d2l::Seq2SeqDecoder plain(kVocab, kEmbed, kHiddens, kLayers);
-  EXPECT_THAT(error_message([&] { plain(torch::ones({2, 1}, torch::kLong), d2l::DecoderState{}); }),
+  EXPECT_THAT(error_message([&] {
+                plain(torch::ones({2, 1}, torch::kLong), d2l::DecoderState{});
+              }),
               HasSubstr("d2l::Seq2SeqDecoder: state.hidden_state must have shape [num_layers=2, "
                         "batch_size=2, num_hiddens=16], got undefined"));
 
@@ -342,8 +372,9 @@ TEST(Seq2Seq, RejectsBadOptions) {
               HasSubstr("d2l::Seq2SeqAttentionDecoder: dropout must be a probability in [0, 1], "
                         "got 1.5"));
   EXPECT_THAT(error_message([] {
-                d2l::EncoderDecoder(std::shared_ptr<d2l::Encoder>(),
-                                    std::shared_ptr<d2l::Decoder>(d2l::Seq2SeqDecoder(10, 8, 16, 2).ptr()));
+                d2l::EncoderDecoder(
+                    std::shared_ptr<d2l::Encoder>(),
+                    std::shared_ptr<d2l::Decoder>(d2l::Seq2SeqDecoder(10, 8, 16, 2).ptr()));
               }),
               HasSubstr("d2l::EncoderDecoder: encoder must be a module, got nullptr"));
 }

@@ -53,8 +53,8 @@ inline torch::Tensor reference_masked_softmax(const torch::Tensor& X, const torc
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < n; ++i) {
       int64_t valid = m;
-      if (l.defined()) valid = std::min<int64_t>(m, l.dim() == 1 ? l[b].item<int64_t>()
-                                                                 : l[b][i].item<int64_t>());
+      if (l.defined())
+        valid = std::min<int64_t>(m, l.dim() == 1 ? l[b].item<int64_t>() : l[b][i].item<int64_t>());
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, xa[b][i][j]);
       double sum = 0;

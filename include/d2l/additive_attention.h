@@ -65,8 +65,7 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention(
 /// functional::additive_attention with the module's weights and options.
 class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl> {
  public:
-  AdditiveAttentionImpl(int64_t key_size, int64_t query_size, int64_t num_hiddens,
-                        double dropout);
+  AdditiveAttentionImpl(int64_t key_size, int64_t query_size, int64_t num_hiddens, double dropout);
   explicit AdditiveAttentionImpl(const AdditiveAttentionOptions& options_);
 
   void reset() override;

@@ -35,11 +35,9 @@ std::string to_string(Path path);
 /// Inside an options struct that has `TORCH_ARG(Path, path)`: the option's
 /// name before 0.2, `impl`, as a deprecated alias kept for one release.
 /// (TORCH_ARG leaves the access private.)
-#define D2L_DEPRECATED_IMPL_OPTION(Options)                                   \
- public:                                                                      \
-  [[deprecated("the `impl` option is now `path`")]] Options& impl(Path p) { \
-    return path(p);                                                          \
-  }                                                                          \
+#define D2L_DEPRECATED_IMPL_OPTION(Options)                                                   \
+ public:                                                                                      \
+  [[deprecated("the `impl` option is now `path`")]] Options& impl(Path p) { return path(p); } \
   [[deprecated("the `impl` option is now `path`")]] Path impl() const { return path(); }
 
 /// Instruction sets the fused CPU kernels are compiled for: generic C++

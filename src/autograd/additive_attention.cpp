@@ -34,8 +34,8 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
                                const torch::Tensor& lens, bool softmax) {
     const auto q = compute_type(queries), w = compute_type(w_v);
     const auto& kernels = cpu::additive_attention_kernels();
-    const auto kT = transposed_keys(as_dtype(keys, q.scalar_type()),
-                                    kernels.vector_size(q.scalar_type()));
+    const auto kT =
+        transposed_keys(as_dtype(keys, q.scalar_type()), kernels.vector_size(q.scalar_type()));
     auto out = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
     kernels.forward(q, kT, w, out, lens, softmax);
     ctx->save_for_backward({q, kT, w, out, lens});
@@ -72,14 +72,14 @@ torch::Tensor chunk_features(const torch::Tensor& q, const torch::Tensor& k, int
 }
 
 struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
-                               const torch::Tensor& k, const torch::Tensor& w_v,
-                               int64_t chunk_bytes) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& w_v, int64_t chunk_bytes) {
     auto scores = torch::empty({q.size(0), q.size(1), k.size(1)}, q.options());
     const int64_t step = chunk_queries(q, k, chunk_bytes);
     for (int64_t i0 = 0; i0 < q.size(1); i0 += step) {
       const int64_t c = std::min(step, q.size(1) - i0);
-      scores.narrow(1, i0, c).copy_(torch::matmul(chunk_features(q, k, i0, c), w_v.t()).squeeze(-1));
+      scores.narrow(1, i0, c).copy_(
+          torch::matmul(chunk_features(q, k, i0, c), w_v.t()).squeeze(-1));
     }
     ctx->save_for_backward({q, k, w_v});
     ctx->saved_data["step"] = step;

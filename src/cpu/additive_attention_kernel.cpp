@@ -94,8 +94,8 @@ void additive_scores_row(const T* q, const T* kT, const T* w, T* scores, int64_t
 }
 
 template <typename T>
-void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape s,
-                      RowLengths lens, bool softmax) {
+void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape s, RowLengths lens,
+                      bool softmax) {
   at::parallel_for(0, s.B * s.n, grain_for(s.m * s.h), [&](int64_t begin, int64_t end) {
     std::vector<T> scores(s.m_pad);
     for (int64_t r = begin; r < end; ++r) {
@@ -123,9 +123,8 @@ constexpr int64_t kQueryBlock = 4;
 // which keeps both FMA pipes busy. Rows is a compile-time count so that the
 // inner loop unrolls.
 template <int Rows, typename T>
-void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds, T* dqb,
-                             T* dkTb, Vectorized<T>* dw_thread, int64_t L,
-                             const AdditiveShape& s) {
+void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds, T* dqb, T* dkTb,
+                             Vectorized<T>* dw_thread, int64_t L, const AdditiveShape& s) {
   using V = Vectorized<T>;
   for (int64_t c = 0; c < s.h; ++c) {
     V qv[Rows], dqv[Rows];

@@ -25,8 +25,8 @@ struct AdditiveAttentionKernels {
   /// is forward's output (used when `softmax`). dq, dkT and dw are overwritten.
   void (*backward)(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
                    const at::TensorBase& y, const at::TensorBase& dout, const at::TensorBase& dq,
-                   const at::TensorBase& dkT, const at::TensorBase& dw,
-                   const at::TensorBase& lens, bool softmax);
+                   const at::TensorBase& dkT, const at::TensorBase& dw, const at::TensorBase& lens,
+                   bool softmax);
   /// y = tanh(x), elementwise: the function additive attention spends its time
   /// in (a rational approximation for float, see additive_attention_kernel.cpp).
   void (*tanh)(const at::TensorBase& x, const at::TensorBase& y);

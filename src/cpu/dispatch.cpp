@@ -106,9 +106,9 @@ const Table& pick(const Table& (*default_table)(), const Table& (*avx2)(),
 #else
 #define D2L_AVX512(getter) nullptr
 #endif
-#define D2L_DEFINE_CPU_DISPATCH(Table, getter)                                         \
-  const Table& getter() {                                                              \
-    return pick<Table>(&DEFAULT::getter, D2L_AVX2(getter), D2L_AVX512(getter));        \
+#define D2L_DEFINE_CPU_DISPATCH(Table, getter)                                  \
+  const Table& getter() {                                                       \
+    return pick<Table>(&DEFAULT::getter, D2L_AVX2(getter), D2L_AVX512(getter)); \
   }
 
 D2L_DEFINE_CPU_DISPATCH(MaskedSoftmaxKernels, masked_softmax_kernels)

@@ -9,15 +9,15 @@
 // this process (d2l::cpu_isa()). The kernels take tensors that the op layer
 // has allocated and made contiguous, and create none themselves.
 
-#define D2L_DECLARE_CPU_KERNELS(Table, getter) \
-  namespace DEFAULT {                          \
-  const Table& getter();                       \
-  }                                            \
-  namespace AVX2 {                             \
-  const Table& getter();                       \
-  }                                            \
-  namespace AVX512 {                           \
-  const Table& getter();                       \
-  }                                            \
+#define D2L_DECLARE_CPU_KERNELS(Table, getter)                     \
+  namespace DEFAULT {                                              \
+  const Table& getter();                                           \
+  }                                                                \
+  namespace AVX2 {                                                 \
+  const Table& getter();                                           \
+  }                                                                \
+  namespace AVX512 {                                               \
+  const Table& getter();                                           \
+  }                                                                \
   /** The table of the instruction set chosen for this process. */ \
   const Table& getter();

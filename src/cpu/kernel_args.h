@@ -24,11 +24,13 @@ inline torch::Tensor lengths_arg(const torch::Tensor& valid_lens) {
   // A floating-point length may be a whole number beyond int64 (1e20), which
   // converts to a negative one; any length past the keys means "all valid".
   if (at::isFloatingType(valid_lens.scalar_type())) {
-    return valid_lens.clamp_max(static_cast<double>(int64_t{1} << 62)).to(torch::kLong).contiguous();
+    return valid_lens.clamp_max(static_cast<double>(int64_t{1} << 62))
+        .to(torch::kLong)
+        .contiguous();
   }
   // Skipping no-op conversions matters at toy sizes: each is a dispatcher call.
-  const auto lens = valid_lens.scalar_type() == torch::kLong ? valid_lens
-                                                             : valid_lens.to(torch::kLong);
+  const auto lens =
+      valid_lens.scalar_type() == torch::kLong ? valid_lens : valid_lens.to(torch::kLong);
   return lens.contiguous();
 }
 

@@ -42,22 +42,14 @@ struct Style {
 // matplotlib's single-letter colours.
 std::string letter_colour(char c) {
   switch (c) {
-    case 'b':
-      return "#0000ff";
-    case 'g':
-      return "#008000";
-    case 'r':
-      return "#ff0000";
-    case 'c':
-      return "#00bfbf";
-    case 'm':
-      return "#bf00bf";
-    case 'y':
-      return "#bfbf00";
-    case 'k':
-      return "#000000";
-    default:
-      return "";
+    case 'b': return "#0000ff";
+    case 'g': return "#008000";
+    case 'r': return "#ff0000";
+    case 'c': return "#00bfbf";
+    case 'm': return "#bf00bf";
+    case 'y': return "#bfbf00";
+    case 'k': return "#000000";
+    default: return "";
   }
 }
 
@@ -138,7 +130,8 @@ Frame layout(const PlotOptions& options, const Axis& x, const Axis& y) {
 using Out = std::back_insert_iterator<fmt::memory_buffer>;
 
 void draw_line(Out out, double x1, double y1, double x2, double y2, const char* cls) {
-  fmt::format_to(out, "<line x1=\"{:.2f}\" y1=\"{:.2f}\" x2=\"{:.2f}\" y2=\"{:.2f}\" class=\"{}\"/>\n",
+  fmt::format_to(out,
+                 "<line x1=\"{:.2f}\" y1=\"{:.2f}\" x2=\"{:.2f}\" y2=\"{:.2f}\" class=\"{}\"/>\n",
                  x1, y1, x2, y2, cls);
 }
 
