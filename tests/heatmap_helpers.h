@@ -15,20 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "test_utils.h"
+
 namespace d2l::testing::heatmap {
+
+using d2l::testing::error_message;
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "no c10::Error thrown";
-}
 
 inline size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;

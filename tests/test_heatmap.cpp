@@ -324,7 +324,9 @@ TEST(HeatmapSvg, LeavesTheInputUnchanged) {
 }
 
 TEST(HeatmapErrors, RejectBadMatrices) {
-  const auto svg = [](const torch::Tensor& m) { return error_of([&] { d2l::heatmaps_svg(m); }); };
+  const auto svg = [](const torch::Tensor& m) {
+    return error_message([&] { d2l::heatmaps_svg(m); });
+  };
   EXPECT_THAT(svg(torch::Tensor()),
               HasSubstr("d2l::heatmaps_svg: matrices must be a defined tensor"));
   EXPECT_THAT(svg(torch::rand({2, 10})),
@@ -347,7 +349,7 @@ TEST(HeatmapErrors, RejectBadMatrices) {
 TEST(HeatmapErrors, RejectBadOptions) {
   const auto m = arange_matrices(1, 2, 2, 2);
   const auto svg = [&](const d2l::HeatmapOptions& o) {
-    return error_of([&] { d2l::heatmaps_svg(m, o); });
+    return error_message([&] { d2l::heatmaps_svg(m, o); });
   };
   EXPECT_THAT(svg(d2l::HeatmapOptions().titles({"a", "b", "c"})),
               HasSubstr("d2l::heatmaps_svg: titles has 3 entries for 2 columns"));
@@ -367,15 +369,15 @@ TEST(HeatmapErrors, RejectBadOptions) {
 
 TEST(HeatmapErrors, NameTheFunctionThatWasCalled) {
   const auto bad = torch::rand({2, 10});
-  EXPECT_THAT(error_of([&] { d2l::heatmaps_ansi(bad); }),
+  EXPECT_THAT(error_message([&] { d2l::heatmaps_ansi(bad); }),
               StartsWith("d2l::heatmaps_ansi: matrices must be a 4-D tensor"));
-  EXPECT_THAT(error_of([&] {
+  EXPECT_THAT(error_message([&] {
                 d2l::heatmaps_ansi(arange_matrices(1, 1, 2, 2), d2l::HeatmapOptions().cmap("jet"));
               }),
               StartsWith("d2l::heatmaps_ansi: cmap"));
-  EXPECT_THAT(error_of([&] { d2l::show_heatmaps(bad, "x", "y", "unused.svg"); }),
+  EXPECT_THAT(error_message([&] { d2l::show_heatmaps(bad, "x", "y", "unused.svg"); }),
               StartsWith("d2l::show_heatmaps: matrices must be a 4-D tensor"));
-  EXPECT_THAT(error_of([&] {
+  EXPECT_THAT(error_message([&] {
                 d2l::show_heatmaps(arange_matrices(1, 2, 2, 2), "x", "y", "unused.svg", {"t"});
               }),
               StartsWith("d2l::show_heatmaps: titles has 1 entries for 2 columns"));

@@ -56,13 +56,14 @@ TEST_F(ShowHeatmaps, OverwritesAnExistingFile) {
 
 TEST_F(ShowHeatmaps, ThrowsNamingAnUnwritablePath) {
   const auto path = (dir_ / "missing" / "weights.svg").string();
-  EXPECT_THAT(error_of([&] { d2l::show_heatmaps(arange_matrices(1, 1, 2, 2), "x", "y", path); }),
-              StartsWith("d2l::show_heatmaps: cannot write '" + path + "': "));
+  EXPECT_THAT(
+      error_message([&] { d2l::show_heatmaps(arange_matrices(1, 1, 2, 2), "x", "y", path); }),
+      StartsWith("d2l::show_heatmaps: cannot write '" + path + "': "));
 }
 
 TEST_F(ShowHeatmaps, BadInputCreatesNoFile) {
   const auto path = dir_ / "weights.svg";
-  EXPECT_THAT(error_of([&] {
+  EXPECT_THAT(error_message([&] {
                 d2l::show_heatmaps(torch::rand({2, 2}), "x", "y", path.string());
               }),
               StartsWith("d2l::show_heatmaps"));
