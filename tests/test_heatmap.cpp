@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -199,10 +200,14 @@ TEST(HeatmapSvg, HandlesTheWidestDoubleRange) {
 }
 
 // Found by the fuzzer: a constant 1e30 gave the scale a zero span (NaN colour
-// fractions); a narrow range far from zero must not count ticks forever.
+// fractions); a narrow range far from zero must not count ticks forever; a
+// span of subnormals halved to zero (an infinite tick exponent).
 TEST(HeatmapSvg, ConstantOrNarrowRangesFarFromZeroDraw) {
+  constexpr double kDenormMin = std::numeric_limits<double>::denorm_min();
   const std::vector<std::pair<double, double>> ranges = {
-      {1e30, 1e30}, {-1e300, -1e300}, {1.7e308, 1.7e308}, {1e17, 1e17 + 16}, {-1e20, -1e20 + 1e5}};
+      {1e30, 1e30},          {-1e300, -1e300},         {1.7e308, 1.7e308},
+      {1e17, 1e17 + 16},     {-1e20, -1e20 + 1e5},     {-kDenormMin, kDenormMin},
+      {0.0, kDenormMin},     {kDenormMin, 3 * kDenormMin}};
   for (const auto& [lo, hi] : ranges) {
     const auto m = torch::tensor({lo, hi, kInf}, torch::kDouble).reshape({1, 1, 1, 3});
     const auto svg = d2l::heatmaps_svg(m);

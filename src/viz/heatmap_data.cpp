@@ -110,8 +110,11 @@ Scale make_scale(const Matrices& m) {
   // Far from zero ±0.5 vanishes in rounding (a constant 1e30 left a zero span:
   // NaN fractions), and a narrow range such as 1e17 .. 1e17 + 16 would count
   // colour-bar ticks beyond double's integers: keep the span at least a
-  // billionth of the values' magnitude, within the finite doubles.
-  const double widen = std::max(std::abs(s.lo), std::abs(s.hi)) * 1e-9 - s.half_span();
+  // billionth of the values' magnitude, within the finite doubles. A span of
+  // subnormals (-5e-324 .. 5e-324) halves to zero: keep at least 1e-300, so
+  // the colour bar's tick exponent is finite.
+  const double least = std::max(std::max(std::abs(s.lo), std::abs(s.hi)) * 1e-9, 1e-300);
+  const double widen = least - s.half_span();
   if (widen > 0) {
     s.lo = std::max(s.lo - widen, std::numeric_limits<double>::lowest());
     s.hi = std::min(s.hi + widen, std::numeric_limits<double>::max());
