@@ -21,7 +21,12 @@ namespace {
 // The book's formulation: (B, n, 1, h) + (B, 1, m, h), tanh, then w_v.
 torch::Tensor composite_scores(const torch::Tensor& projected_queries,
                                const torch::Tensor& projected_keys, const torch::Tensor& w_v) {
-  const auto features = torch::tanh(projected_queries.unsqueeze(2) + projected_keys.unsqueeze(1));
+  auto sums = projected_queries.unsqueeze(2) + projected_keys.unsqueeze(1);
+  // LibTorch 1.13 has no float16 tanh on the CPU: take it in float, as
+  // softmax_last_dim does for the softmax.
+  const bool cpu_half = sums.scalar_type() == torch::kHalf && sums.device().is_cpu();
+  const auto features =
+      cpu_half ? torch::tanh(sums.to(torch::kFloat)).to(torch::kHalf) : torch::tanh(sums);
   return torch::nn::functional::linear(features, w_v).squeeze(-1);
 }
 

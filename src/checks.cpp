@@ -12,8 +12,15 @@ std::string shape_of(const torch::Tensor& t) {
   return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
 }
 
+void check_strided(const char* fn, const char* name, const torch::Tensor& t) {
+  TORCH_CHECK(t.layout() == torch::kStrided,
+              fmt::format("{}: {} must be a dense (strided) tensor, got layout {}", fn, name,
+                          c10::str(t.layout())));
+}
+
 void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim) {
   TORCH_CHECK(t.defined(), fmt::format("{}: {} must be a defined tensor", fn, name));
+  check_strided(fn, name, t);
   TORCH_CHECK(t.dim() == dim,
               fmt::format("{}: {} must be a {}-D tensor, got {}", fn, name, dim, shape_of(t)));
   TORCH_CHECK(at::isFloatingType(t.scalar_type()),
@@ -75,6 +82,7 @@ void check_length_values(const char* fn, const char* name, const torch::Tensor& 
 void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const char* scores_name,
                       const torch::Tensor& scores) {
   if (!valid_lens.defined()) return;
+  check_strided(fn, "valid_lens", valid_lens);
   const int64_t batch = scores.size(0);
   const int64_t queries = scores.size(1);
   const bool shape_ok =
@@ -91,6 +99,18 @@ void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const cha
 void check_dropout(const char* fn, double p) {
   TORCH_CHECK(p >= 0 && p <= 1,
               fmt::format("{}: dropout must be a probability in [0, 1], got {}", fn, p));
+}
+
+bool cpu_float16_matmul_available() {
+  static const bool available = [] {
+    try {
+      const auto one = torch::ones({1, 1}, torch::kHalf);
+      return torch::mm(one, one).item<double>() == 1.0;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return available;
 }
 
 void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
@@ -111,6 +131,12 @@ void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor
   check_same_dtype(fn, "queries", queries, "keys", keys);
   check_same_dtype(fn, "queries", queries, "values", values);
   check_valid_lens(fn, valid_lens, "queries", queries);
+  TORCH_CHECK(queries.scalar_type() != torch::kHalf || !queries.device().is_cpu() ||
+                  cpu_float16_matmul_available(),
+              fmt::format("{}: float16 on the CPU needs LibTorch 2.x (this LibTorch has no float16 "
+                          "matrix product on the CPU), got float16 queries {}; use bfloat16 or "
+                          "float32 on the CPU, or float16 on CUDA",
+                          fn, shape_of(queries)));
 }
 
 }  // namespace d2l::detail

@@ -12,7 +12,12 @@ namespace d2l::detail {
 /// "[2, 1, 3]", or "undefined" for an undefined tensor.
 std::string shape_of(const torch::Tensor& t);
 
-/// `name` must be a defined tensor of rank `dim` with a floating-point dtype.
+/// `name` must be a dense (strided) tensor: sparse, MKL-DNN and other layouts
+/// would otherwise reach ATen internals before our checks.
+void check_strided(const char* fn, const char* name, const torch::Tensor& t);
+
+/// `name` must be a defined, dense tensor of rank `dim` with a floating-point
+/// dtype.
 void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim);
 
 /// `other` must live on `ref`'s device.
@@ -36,8 +41,12 @@ void check_length_values(const char* fn, const char* name, const torch::Tensor& 
 /// `p` must be a probability in [0, 1] (NaN is not one).
 void check_dropout(const char* fn, double p);
 
+/// Whether this LibTorch multiplies float16 matrices on the CPU (1.13 does not).
+bool cpu_float16_matmul_available();
+
 /// Shapes common to every attention scorer: queries (B, n, *), keys (B, m, *),
-/// values (B, m, v), valid_lens (B) or (B, n); one dtype and one device.
+/// values (B, m, v), valid_lens (B) or (B, n); one dtype and one device; and
+/// no float16 on a CPU without float16 matrix products.
 void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
                const torch::Tensor& values, const torch::Tensor& valid_lens);
 

@@ -28,6 +28,7 @@ void check_masked_softmax_args(const char* fn, const torch::Tensor& X,
   TORCH_CHECK(
       X.defined() && X.dim() >= 1,
       fmt::format("{}: X must be a tensor of at least 1 dimension, got {}", fn, shape_of(X)));
+  check_strided(fn, "X", X);
   TORCH_CHECK(at::isFloatingType(X.scalar_type()),
               fmt::format("{}: X must have a floating-point dtype, got {}", fn,
                           c10::toString(X.scalar_type())));
@@ -86,7 +87,8 @@ torch::Tensor fused_masked_softmax(const torch::Tensor& X, const torch::Tensor& 
                                    double scale) {
   TORCH_INTERNAL_ASSERT(X.device().is_cpu(), "the fused masked softmax got ", X.device());
   const auto lens = lengths_arg(valid_lens);
-  if (X.numel() == 0) return torch::empty_like(X) * scale;
+  // X * scale, not a new tensor: an empty result stays in X's graph.
+  if (X.numel() == 0) return X * scale;
   if (torch::GradMode::is_enabled() && X.requires_grad()) {
     return masked_softmax_autograd(X, lens, scale);
   }
