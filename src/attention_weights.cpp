@@ -1,3 +1,6 @@
+// Recording and reading attention weights under striped locks: Note
+// [Recording attention weights] in attention_weights.h.
+
 #include "attention_weights.h"
 
 #include <array>
@@ -6,23 +9,35 @@
 #include <utility>
 
 namespace d2l::detail {
+namespace {
+
+// Modules in different threads rarely share a stripe, and a store or a load
+// holds its lock for a reference-count swap or increment.
+std::mutex& lock_for(const torch::Tensor& slot) {
+  static std::array<std::mutex, 64> locks;
+  // Tensors are 8-byte aligned and modules far apart: drop the low bits.
+  const auto stripe = (reinterpret_cast<std::uintptr_t>(&slot) >> 4) % locks.size();
+  return locks[stripe];
+}
+
+}  // namespace
 
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training) {
   return training && p > 0 ? torch::dropout(weights, p, training) : weights;
 }
 
 void record_weights(torch::Tensor& slot, torch::Tensor weights) {
-  // Note [Recording attention weights]. Modules in different threads rarely
-  // share a stripe, and a store holds its lock for a reference-count swap.
-  static std::array<std::mutex, 64> locks;
-  // Tensors are 8-byte aligned and modules far apart: drop the low bits.
-  const auto stripe = (reinterpret_cast<std::uintptr_t>(&slot) >> 4) % locks.size();
   torch::Tensor previous;
   {
-    std::lock_guard<std::mutex> lock(locks[stripe]);
+    std::lock_guard<std::mutex> lock(lock_for(slot));
     previous = std::exchange(slot, std::move(weights));
   }
   // The previous weights are released outside the lock.
+}
+
+torch::Tensor load_weights(const torch::Tensor& slot) {
+  std::lock_guard<std::mutex> lock(lock_for(slot));
+  return slot;
 }
 
 }  // namespace d2l::detail

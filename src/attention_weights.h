@@ -1,18 +1,39 @@
 #pragma once
 
 // What every attention op and module does with its weights after the
-// softmax: dropout, and recording them in the module.
+// softmax: dropout, and recording them in the module, and reading them back.
 //
-// Note [Recording attention weights]
-// Modules keep the weights of their last forward call in a public tensor
-// member, as the book does (`attention.attention_weights`). A module shared
-// by threads (an inference server in eval mode) has many forward calls
-// writing that member at once, and an unguarded write of a Tensor is a data
-// race that corrupts the reference counts. record_weights stores under a
-// lock chosen by the member's address from a fixed set, so no module holds
-// a mutex of its own (nothing to copy in clone(), nothing in the public
-// headers), and a module can record into a submodule's member. The member
-// holds one call's weights afterwards; it is read only when no forward runs.
+// Note [Recording attention weights]: sharing a module between threads
+// This is the one statement of the thread-safety contract; module doc
+// comments and the README ("Threads") point here.
+//
+// * Every d2l module may be shared by threads that call its forward (and a
+//   decoder's init_state, and EncoderDecoder::forward) at once, with autograd
+//   on or under c10::InferenceMode. In eval mode (the tested case) every call
+//   returns what it would return alone, bit for bit. Training mode adds only
+//   dropout, whose generator LibTorch locks; it is not tested under threads.
+// * Modules that record the weights of their last call (AdditiveAttention,
+//   DotProductAttention, MultiHeadAttention in `attention->attention_weights`,
+//   NWKernelRegression, Seq2SeqAttentionDecoder, and so EncoderDecoder through
+//   its decoder) store them with record_weights: under a lock chosen by the
+//   member's address from a fixed set, so that no module holds a mutex of its
+//   own (nothing to copy in clone(), nothing in the public headers) and a
+//   module can record into a submodule's member. Afterwards the member holds
+//   the whole weights of one of the calls.
+// * While forwards run, read the weights only through an accessor that loads
+//   them under the same lock: NWKernelRegression::last_attention_weights(),
+//   MultiHeadAttention::last_attention_weights(),
+//   Seq2SeqAttentionDecoder::attention_weights(), or load_weights below. The
+//   public members named as in the book (`attention_weights`) may be read or
+//   assigned directly only when no forward runs.
+// * Seq2SeqEncoder and Seq2SeqDecoder keep no state between calls; the
+//   decoders' DecoderState is a value owned by the caller.
+// * record_attention_weights(false) (AdditiveAttention, DotProductAttention,
+//   MultiHeadAttention) stores nothing and takes no lock.
+// * Not covered: anything that changes the module (to(), train()/eval(),
+//   reset(), loading, assigning parameters, an optimizer step) or copies it
+//   (clone(), which copies the recorded member without the lock) while a
+//   forward runs on it. Clone the module first, then share or hand out copies.
 
 #include <torch/types.h>
 
@@ -21,7 +42,12 @@ namespace d2l::detail {
 /// Dropout of attention weights; no dispatcher call when it is the identity.
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training);
 
-/// `slot = weights`, safe against concurrent record_weights on the same slot.
+/// `slot = weights`, safe against concurrent record_weights and load_weights
+/// on the same slot (Note [Recording attention weights]).
 void record_weights(torch::Tensor& slot, torch::Tensor weights);
+
+/// A copy of `slot` (the same tensor, not its data), read under the lock that
+/// record_weights takes: safe while other threads record into it.
+torch::Tensor load_weights(const torch::Tensor& slot);
 
 }  // namespace d2l::detail

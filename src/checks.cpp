@@ -1,6 +1,7 @@
 #include "checks.h"
 
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
 #include <cmath>
@@ -26,6 +27,22 @@ void check_floating(const char* fn, const char* name, const torch::Tensor& t, in
   TORCH_CHECK(at::isFloatingType(t.scalar_type()),
               fmt::format("{}: {} must have a floating-point dtype, got {}", fn, name,
                           c10::toString(t.scalar_type())));
+}
+
+void check_strided_layout(const char* fn, const char* name, const torch::Tensor& t) {
+  if (!t.defined()) return;
+  // First: a nested tensor has no sizes() to print.
+  TORCH_CHECK(!t.is_nested(), fmt::format("{}: {} must not be a nested tensor", fn, name));
+  TORCH_CHECK(t.layout() == torch::kStrided,
+              fmt::format("{}: {} must be a dense tensor with the strided layout, got layout {} "
+                          "(shape {})",
+                          fn, name, fmt::streamed(t.layout()), shape_of(t)));
+  TORCH_CHECK(!t.is_quantized(),
+              fmt::format("{}: {} must not be a quantized tensor, got dtype {} (shape {})", fn,
+                          name, c10::toString(t.scalar_type()), shape_of(t)));
+  TORCH_CHECK(!t.is_meta(), fmt::format("{}: {} must hold data, got a tensor on the meta device "
+                                        "(shape {})",
+                                        fn, name, shape_of(t)));
 }
 
 void check_same_device(const char* fn, const char* ref_name, const torch::Tensor& ref,

@@ -20,6 +20,12 @@ void check_strided(const char* fn, const char* name, const torch::Tensor& t);
 /// dtype.
 void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim);
 
+/// `name`, when defined, must be an ordinary dense tensor: strided layout (not
+/// sparse, mkldnn, ...), not quantized, not nested, not on the meta device.
+/// Call it before anything reads the tensor: ATen's own errors on such
+/// tensors do not name our function.
+void check_strided_layout(const char* fn, const char* name, const torch::Tensor& t);
+
 /// `other` must live on `ref`'s device.
 void check_same_device(const char* fn, const char* ref_name, const torch::Tensor& ref,
                        const char* name, const torch::Tensor& other);

@@ -1,3 +1,6 @@
+// The book's Encoder, Decoder and AttentionDecoder interfaces and the
+// EncoderDecoder module that chains an encoder and a decoder.
+
 #include <d2l/encoder_decoder.h>
 
 #include <fmt/format.h>
@@ -84,11 +87,23 @@ std::shared_ptr<torch::nn::Module> EncoderDecoderImpl::clone(
 
 std::tuple<torch::Tensor, DecoderState> EncoderDecoderImpl::forward(
     const torch::Tensor& enc_X, const torch::Tensor& dec_X, const torch::Tensor& enc_valid_lens) {
+  constexpr const char* fn = "d2l::EncoderDecoder";
+  detail::check_strided_layout(fn, "enc_X", enc_X);
+  detail::check_strided_layout(fn, "dec_X", dec_X);
+  detail::check_strided_layout(fn, "enc_valid_lens", enc_valid_lens);
   TORCH_CHECK(enc_X.defined() && dec_X.defined() && enc_X.dim() == 2 && dec_X.dim() == 2 &&
                   enc_X.size(0) == dec_X.size(0),
-              fmt::format("d2l::EncoderDecoder: enc_X and dec_X must be (batch_size, num_steps) "
+              fmt::format("{}: enc_X and dec_X must be (batch_size, num_steps) "
                           "with the same batch size, got enc_X {} and dec_X {}",
-                          detail::shape_of(enc_X), detail::shape_of(dec_X)));
+                          fn, detail::shape_of(enc_X), detail::shape_of(dec_X)));
+  if (enc_valid_lens.defined()) {
+    // Checked here too: an encoder or decoder of the user's may not check it.
+    TORCH_CHECK(enc_valid_lens.dim() == 1 && enc_valid_lens.size(0) == enc_X.size(0),
+                fmt::format("{}: enc_valid_lens must have shape [batch_size={}], got {}", fn,
+                            enc_X.size(0), detail::shape_of(enc_valid_lens)));
+    detail::check_same_device(fn, "enc_X", enc_X, "enc_valid_lens", enc_valid_lens);
+    detail::check_length_values(fn, "enc_valid_lens", enc_valid_lens);
+  }
   const auto enc_outputs = encoder->forward(enc_X, enc_valid_lens);
   const auto dec_state = decoder->init_state(enc_outputs, enc_valid_lens);
   return decoder->forward(dec_X, dec_state);

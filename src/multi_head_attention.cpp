@@ -16,6 +16,7 @@ namespace {
 void check_heads_input(const char* fn, const torch::Tensor& X, int64_t num_heads,
                        const char* layout) {
   TORCH_CHECK(num_heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, num_heads));
+  detail::check_strided_layout(fn, "X", X);
   TORCH_CHECK(X.defined() && X.dim() == 3, fmt::format("{}: X must be a 3-D tensor {}, got {}", fn,
                                                        layout, detail::shape_of(X)));
 }
@@ -54,6 +55,8 @@ namespace {
 void check_projection(const char* fn, const char* name, const torch::Tensor& W,
                       const char* bias_name, const torch::Tensor& b, int64_t h, int64_t in,
                       const torch::Tensor& queries) {
+  detail::check_strided_layout(fn, name, W);
+  detail::check_strided_layout(fn, bias_name, b);
   detail::check_floating(fn, name, W, 2);
   TORCH_CHECK(
       W.size(0) == h && W.size(1) == in,
@@ -91,12 +94,17 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
     const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
     const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
     const functional::MultiHeadAttentionFuncOptions& o) {
+  detail::check_strided_layout(fn, "queries", queries);
+  detail::check_strided_layout(fn, "keys", keys);
+  detail::check_strided_layout(fn, "values", values);
+  detail::check_strided_layout(fn, "valid_lens", valid_lens);
   detail::check_qkv(fn, queries, keys, values, valid_lens);
   if (module_options != nullptr) {
     check_module_inputs(fn, *module_options, queries, keys, values, o.W_q());
   }
   const int64_t heads = o.num_heads();
   TORCH_CHECK(heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, heads));
+  detail::check_strided_layout(fn, "W_q", o.W_q());
   detail::check_floating(fn, "W_q", o.W_q(), 2);
   const int64_t h = o.W_q().size(0);
   TORCH_CHECK(h % heads == 0,
@@ -232,6 +240,10 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
     detail::record_weights(attention->attention_weights, std::move(weights));
   }
   return output;
+}
+
+torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {
+  return detail::load_weights(attention->attention_weights);
 }
 
 }  // namespace d2l

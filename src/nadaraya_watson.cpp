@@ -1,3 +1,6 @@
+// Nadaraya–Watson pooling: the book's non-parametric form, the parametric
+// kernel regression (functional and module), and their argument checks.
+
 #include <d2l/nadaraya_watson.h>
 
 #include <fmt/format.h>
@@ -19,6 +22,9 @@ void check_same_kind(const char* fn, const torch::Tensor& queries, const char* n
 // device and in their dtype.
 void check_inputs(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
                   const torch::Tensor& values, int64_t rank) {
+  detail::check_strided_layout(fn, "queries", queries);
+  detail::check_strided_layout(fn, "keys", keys);
+  detail::check_strided_layout(fn, "values", values);
   detail::check_floating(fn, "queries", queries, 1);
   detail::check_floating(fn, "keys", keys, rank);
   detail::check_floating(fn, "values", values, rank);
@@ -31,6 +37,28 @@ void check_inputs(const char* fn, const torch::Tensor& queries, const torch::Ten
 torch::Tensor gaussian_weights(const torch::Tensor& differences, const torch::Tensor& w) {
   const auto scaled = w.defined() ? differences * w : differences;
   return detail::softmax_last_dim(-scaled.pow(2) / 2);
+}
+
+// functional::nw_kernel_regression, with messages naming `fn` (the function
+// or the module that was called).
+std::tuple<torch::Tensor, torch::Tensor> checked_nw_kernel_regression(const char* fn,
+                                                                      const torch::Tensor& queries,
+                                                                      const torch::Tensor& keys,
+                                                                      const torch::Tensor& values,
+                                                                      const torch::Tensor& w) {
+  check_inputs(fn, queries, keys, values, 2);
+  TORCH_CHECK(
+      keys.size(0) == queries.size(0) && values.sizes() == keys.sizes(),
+      fmt::format("{}: keys and values must both have shape (n_q, n_k) with n_q the "
+                  "number of queries, got queries {}, keys {} and values {}",
+                  fn, detail::shape_of(queries), detail::shape_of(keys), detail::shape_of(values)));
+  detail::check_strided_layout(fn, "w", w);
+  TORCH_CHECK(w.defined() && w.numel() == 1 && w.dim() <= 1,
+              fmt::format("{}: w must have shape [1] or [], got {}", fn, detail::shape_of(w)));
+  check_same_kind(fn, queries, "w", w);
+  auto weights = gaussian_weights(queries.unsqueeze(1) - keys, w);
+  auto output = torch::bmm(weights.unsqueeze(1), values.unsqueeze(-1)).reshape(-1);
+  return {std::move(output), std::move(weights)};
 }
 
 }  // namespace
@@ -56,19 +84,7 @@ std::tuple<torch::Tensor, torch::Tensor> nw_kernel_regression(const torch::Tenso
                                                               const torch::Tensor& keys,
                                                               const torch::Tensor& values,
                                                               const torch::Tensor& w) {
-  constexpr const char* fn = "d2l::nw_kernel_regression";
-  check_inputs(fn, queries, keys, values, 2);
-  TORCH_CHECK(
-      keys.size(0) == queries.size(0) && values.sizes() == keys.sizes(),
-      fmt::format("{}: keys and values must both have shape (n_q, n_k) with n_q the "
-                  "number of queries, got queries {}, keys {} and values {}",
-                  fn, detail::shape_of(queries), detail::shape_of(keys), detail::shape_of(values)));
-  TORCH_CHECK(w.defined() && w.numel() == 1 && w.dim() <= 1,
-              fmt::format("{}: w must have shape [1] or [], got {}", fn, detail::shape_of(w)));
-  check_same_kind(fn, queries, "w", w);
-  auto weights = gaussian_weights(queries.unsqueeze(1) - keys, w);
-  auto output = torch::bmm(weights.unsqueeze(1), values.unsqueeze(-1)).reshape(-1);
-  return {std::move(output), std::move(weights)};
+  return checked_nw_kernel_regression("d2l::nw_kernel_regression", queries, keys, values, w);
 }
 
 }  // namespace functional
@@ -87,11 +103,16 @@ torch::Tensor NWKernelRegressionImpl::forward(const torch::Tensor& queries,
   constexpr const char* fn = "d2l::NWKernelRegression";
   // Named after the parameter, so that the message points at ->to(...).
   TORCH_CHECK(queries.defined(), fmt::format("{}: queries must be a defined tensor", fn));
+  detail::check_strided_layout(fn, "queries", queries);
   detail::check_same_device(fn, "w", w, "queries", queries);
   detail::check_same_dtype(fn, "w", w, "queries", queries);
-  auto [output, weights] = functional::nw_kernel_regression(queries, keys, values, w);
+  auto [output, weights] = checked_nw_kernel_regression(fn, queries, keys, values, w);
   detail::record_weights(attention_weights, std::move(weights));
   return output;
+}
+
+torch::Tensor NWKernelRegressionImpl::last_attention_weights() const {
+  return detail::load_weights(attention_weights);
 }
 
 }  // namespace d2l

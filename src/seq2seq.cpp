@@ -1,3 +1,7 @@
+// The book's RNN sequence-to-sequence modules: Seq2SeqEncoder,
+// Seq2SeqDecoder and Seq2SeqAttentionDecoder, with the checks of their
+// arguments and of the decoder states they are handed back.
+
 #include <d2l/seq2seq.h>
 
 #include <fmt/format.h>
@@ -39,6 +43,7 @@ torch::nn::GRU make_gru(int64_t input_size, const Seq2SeqOptions& o) {
 // argument or which range.
 torch::Tensor checked_tokens(const char* fn, const torch::Tensor& X,
                              const torch::nn::Embedding& embedding) {
+  detail::check_strided_layout(fn, "X", X);
   TORCH_CHECK(X.defined() && X.dim() == 2 && X.size(0) > 0 && X.size(1) > 0,
               fmt::format("{}: X must be a 2-D tensor (batch_size, num_steps) of token ids with "
                           "at least one example and one step, got {}",
@@ -60,6 +65,7 @@ torch::Tensor checked_tokens(const char* fn, const torch::Tensor& X,
 // dtype and on the device of the GRU's weights.
 void check_hidden_state(const char* fn, const char* name, const torch::Tensor& state, int64_t batch,
                         const Seq2SeqOptions& o, const torch::nn::GRU& rnn) {
+  detail::check_strided_layout(fn, name, state);
   TORCH_CHECK(
       state.defined() && state.dim() == 3 && state.size(0) == o.num_layers() &&
           state.size(1) == batch && state.size(2) == o.num_hiddens(),
@@ -74,6 +80,8 @@ void check_hidden_state(const char* fn, const char* name, const torch::Tensor& s
 // The encoder's (outputs (num_steps, B, h), hidden_state (num_layers, B, h)).
 void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2SeqOptions& o,
                           const torch::nn::GRU& rnn) {
+  detail::check_strided_layout(fn, "enc_outputs.outputs", enc.outputs);
+  detail::check_strided_layout(fn, "enc_outputs.hidden_state", enc.hidden_state);
   TORCH_CHECK(enc.outputs.defined() && enc.outputs.dim() == 3 && enc.outputs.size(0) > 0 &&
                   enc.outputs.size(2) == o.num_hiddens(),
               fmt::format("{}: enc_outputs.outputs must have shape [num_steps, batch_size, "
@@ -90,11 +98,41 @@ void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2Se
 void check_enc_valid_lens(const char* fn, const char* name, const torch::Tensor& lens,
                           int64_t batch, const torch::Tensor& ref, const char* ref_name) {
   if (!lens.defined()) return;
+  detail::check_strided_layout(fn, name, lens);
   TORCH_CHECK(lens.dim() == 1 && lens.size(0) == batch,
               fmt::format("{}: {} must have shape [batch_size={}], got {}", fn, name, batch,
                           detail::shape_of(lens)));
   detail::check_same_device(fn, ref_name, ref, name, lens);
   detail::check_length_values(fn, name, lens);
+}
+
+// The attention decoder's state as init_state makes it, whatever the caller
+// did to it since: enc_outputs (B, m, h) and projected_keys of the same shape
+// in the dtype and on the device of the attention's weights, enc_valid_lens
+// undefined or (B) whole non-negative numbers. (hidden_state is checked by
+// check_hidden_state.)
+void check_attention_state(const char* fn, const DecoderState& state, int64_t batch,
+                           const Seq2SeqOptions& o, const AdditiveAttention& attention) {
+  detail::check_strided_layout(fn, "state.enc_outputs", state.enc_outputs);
+  detail::check_strided_layout(fn, "state.projected_keys", state.projected_keys);
+  TORCH_CHECK(state.enc_outputs.defined() && state.enc_outputs.dim() == 3 &&
+                  state.enc_outputs.size(0) == batch &&
+                  state.enc_outputs.size(2) == o.num_hiddens() && state.projected_keys.defined() &&
+                  state.projected_keys.sizes() == state.enc_outputs.sizes(),
+              fmt::format("{}: state must come from init_state: state.enc_outputs must be "
+                          "[batch_size={}, num_enc_steps, num_hiddens={}] and "
+                          "state.projected_keys of the same shape, got {} and {}",
+                          fn, batch, o.num_hiddens(), detail::shape_of(state.enc_outputs),
+                          detail::shape_of(state.projected_keys)));
+  const auto& weight = attention->W_q->weight;
+  const auto check_kind = [&](const char* name, const torch::Tensor& t) {
+    detail::check_same_device(fn, "attention.W_q.weight", weight, name, t);
+    detail::check_same_dtype(fn, "attention.W_q.weight", weight, name, t);
+  };
+  check_kind("state.enc_outputs", state.enc_outputs);
+  check_kind("state.projected_keys", state.projected_keys);
+  check_enc_valid_lens(fn, "state.enc_valid_lens", state.enc_valid_lens, batch, state.enc_outputs,
+                       "state.enc_outputs");
 }
 
 }  // namespace
@@ -165,8 +203,12 @@ void Seq2SeqDecoderImpl::pretty_print(std::ostream& stream) const {
 }
 
 DecoderState Seq2SeqDecoderImpl::init_state(const EncoderOutput& enc_outputs,
-                                            const torch::Tensor& /*enc_valid_lens*/) {
-  check_encoder_output("d2l::Seq2SeqDecoder::init_state", enc_outputs, options, rnn);
+                                            const torch::Tensor& enc_valid_lens) {
+  constexpr const char* fn = "d2l::Seq2SeqDecoder::init_state";
+  check_encoder_output(fn, enc_outputs, options, rnn);
+  // Unused, as in the book, but a malformed one is a caller's bug all the same.
+  check_enc_valid_lens(fn, "enc_valid_lens", enc_valid_lens, enc_outputs.outputs.size(1),
+                       enc_outputs.outputs, "enc_outputs.outputs");
   DecoderState state;
   state.hidden_state = enc_outputs.hidden_state;
   return state;
@@ -236,20 +278,7 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
   const auto tokens = checked_tokens(fn, X, embedding);
   const int64_t batch = X.size(0);
   check_hidden_state(fn, "state.hidden_state", state.hidden_state, batch, options, rnn);
-  TORCH_CHECK(state.enc_outputs.defined() && state.enc_outputs.dim() == 3 &&
-                  state.enc_outputs.size(0) == batch &&
-                  state.enc_outputs.size(2) == options.num_hiddens() &&
-                  state.projected_keys.defined() &&
-                  state.projected_keys.sizes() == state.enc_outputs.sizes(),
-              fmt::format("{}: state must come from init_state: state.enc_outputs must be "
-                          "[batch_size={}, num_enc_steps, num_hiddens={}] and "
-                          "state.projected_keys of the same shape, got {} and {}",
-                          fn, batch, options.num_hiddens(), detail::shape_of(state.enc_outputs),
-                          detail::shape_of(state.projected_keys)));
-  TORCH_CHECK(!state.enc_valid_lens.defined() ||
-                  (state.enc_valid_lens.dim() == 1 && state.enc_valid_lens.size(0) == batch),
-              fmt::format("{}: state.enc_valid_lens must have shape [batch_size={}], got {}", fn,
-                          batch, detail::shape_of(state.enc_valid_lens)));
+  check_attention_state(fn, state, batch, options, attention);
 
   const auto embedded = embedding(tokens).permute({1, 0, 2});
   auto hidden_state = state.hidden_state;
@@ -279,6 +308,8 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
   return {dense(torch::cat(outputs, 0)).permute({1, 0, 2}), std::move(next)};
 }
 
-torch::Tensor Seq2SeqAttentionDecoderImpl::attention_weights() const { return attention_weights_; }
+torch::Tensor Seq2SeqAttentionDecoderImpl::attention_weights() const {
+  return detail::load_weights(attention_weights_);
+}
 
 }  // namespace d2l

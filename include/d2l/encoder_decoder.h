@@ -96,7 +96,9 @@ class AttentionDecoder : public Decoder {
 /// d2l's `EncoderDecoder`: `forward(enc_X, dec_X, *args)` runs
 /// `dec_state = decoder.init_state(encoder(enc_X, *args), *args)` and returns
 /// `decoder(dec_X, dec_state)`. Parameters are named `encoder.*` and
-/// `decoder.*`, as in the book's state_dict.
+/// `decoder.*`, as in the book's state_dict. It keeps no state of its own:
+/// shared by threads, it is as safe as its encoder and decoder (ours are:
+/// Note [Recording attention weights] in src/attention_weights.h).
 class EncoderDecoderImpl : public torch::nn::Cloneable<EncoderDecoderImpl> {
  public:
   /// `encoder` and `decoder` must also be `torch::nn::Module`s (see `Encoder`);

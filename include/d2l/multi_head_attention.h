@@ -106,6 +106,10 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values, const torch::Tensor& valid_lens = {});
 
+  /// attention->attention_weights, read safely while other threads call
+  /// forward (Note [Recording attention weights] in src/attention_weights.h).
+  torch::Tensor last_attention_weights() const;
+
   MultiHeadAttentionOptions options;
   /// Its attention_weights after a forward call are per head: (B * num_heads, n, m).
   DotProductAttention attention{nullptr};

@@ -41,9 +41,14 @@ class NWKernelRegressionImpl : public torch::nn::Cloneable<NWKernelRegressionImp
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values);
 
+  /// attention_weights, read safely while other threads call forward.
+  torch::Tensor last_attention_weights() const;
+
   torch::Tensor w;
   /// Weights of the last forward call, (n_q, n_k). Shared modules are safe
-  /// to call from many threads (README, "Threads").
+  /// to call from many threads; while they run, read the weights through
+  /// last_attention_weights() (Note [Recording attention weights] in
+  /// src/attention_weights.h; README, "Threads").
   torch::Tensor attention_weights;
 };
 TORCH_MODULE(NWKernelRegression);

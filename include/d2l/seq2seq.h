@@ -79,7 +79,8 @@ class Seq2SeqDecoderImpl : public torch::nn::Cloneable<Seq2SeqDecoderImpl>, publ
   void pretty_print(std::ostream& stream) const override;
 
   /// The book's `enc_outputs[1]`: the encoder's final hidden state. This
-  /// decoder does not attend, so `enc_valid_lens` is ignored, as in the book.
+  /// decoder does not attend, so `enc_valid_lens` is ignored, as in the book
+  /// (but checked like the attention decoder's).
   DecoderState init_state(const EncoderOutput& enc_outputs,
                           const torch::Tensor& enc_valid_lens = {}) override;
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
@@ -118,6 +119,8 @@ class Seq2SeqAttentionDecoderImpl : public torch::nn::Cloneable<Seq2SeqAttention
                           const torch::Tensor& enc_valid_lens = {}) override;
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
                                                   const DecoderState& state) override;
+  /// Safe while other threads call forward (Note [Recording attention
+  /// weights] in src/attention_weights.h).
   torch::Tensor attention_weights() const override;
 
   Seq2SeqAttentionDecoderOptions options;
