@@ -13,15 +13,9 @@ std::string shape_of(const torch::Tensor& t) {
   return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
 }
 
-void check_strided(const char* fn, const char* name, const torch::Tensor& t) {
-  TORCH_CHECK(t.layout() == torch::kStrided,
-              fmt::format("{}: {} must be a dense (strided) tensor, got layout {}", fn, name,
-                          c10::str(t.layout())));
-}
-
 void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim) {
   TORCH_CHECK(t.defined(), fmt::format("{}: {} must be a defined tensor", fn, name));
-  check_strided(fn, name, t);
+  check_strided_layout(fn, name, t);
   TORCH_CHECK(t.dim() == dim,
               fmt::format("{}: {} must be a {}-D tensor, got {}", fn, name, dim, shape_of(t)));
   TORCH_CHECK(at::isFloatingType(t.scalar_type()),
@@ -99,7 +93,7 @@ void check_length_values(const char* fn, const char* name, const torch::Tensor& 
 void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const char* scores_name,
                       const torch::Tensor& scores) {
   if (!valid_lens.defined()) return;
-  check_strided(fn, "valid_lens", valid_lens);
+  check_strided_layout(fn, "valid_lens", valid_lens);
   const int64_t batch = scores.size(0);
   const int64_t queries = scores.size(1);
   const bool shape_ok =

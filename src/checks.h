@@ -12,10 +12,6 @@ namespace d2l::detail {
 /// "[2, 1, 3]", or "undefined" for an undefined tensor.
 std::string shape_of(const torch::Tensor& t);
 
-/// `name` must be a dense (strided) tensor: sparse, MKL-DNN and other layouts
-/// would otherwise reach ATen internals before our checks.
-void check_strided(const char* fn, const char* name, const torch::Tensor& t);
-
 /// `name` must be a defined, dense tensor of rank `dim` with a floating-point
 /// dtype.
 void check_floating(const char* fn, const char* name, const torch::Tensor& t, int64_t dim);

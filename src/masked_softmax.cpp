@@ -28,7 +28,7 @@ void check_masked_softmax_args(const char* fn, const torch::Tensor& X,
   TORCH_CHECK(
       X.defined() && X.dim() >= 1,
       fmt::format("{}: X must be a tensor of at least 1 dimension, got {}", fn, shape_of(X)));
-  check_strided(fn, "X", X);
+  check_strided_layout(fn, "X", X);
   TORCH_CHECK(at::isFloatingType(X.scalar_type()),
               fmt::format("{}: X must have a floating-point dtype, got {}", fn,
                           c10::toString(X.scalar_type())));

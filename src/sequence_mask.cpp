@@ -28,8 +28,8 @@ torch::Tensor sequence_mask(const torch::Tensor& X, const torch::Tensor& valid_l
   TORCH_CHECK(valid_len.defined() && valid_len.dim() == 1 && valid_len.size(0) == X.size(0),
               fmt::format("{}: valid_len must have shape [{}] for X {}, got {}", fn, X.size(0),
                           detail::shape_of(X), detail::shape_of(valid_len)));
-  detail::check_strided(fn, "X", X);
-  detail::check_strided(fn, "valid_len", valid_len);
+  detail::check_strided_layout(fn, "X", X);
+  detail::check_strided_layout(fn, "valid_len", valid_len);
   detail::check_same_device(fn, "X", X, "valid_len", valid_len);
   detail::check_length_values(fn, "valid_len", valid_len);
   if (at::isFloatingType(X.scalar_type()) && std::isfinite(value)) {

@@ -252,10 +252,10 @@ TEST(Platform, SdpaDropoutOnlyInTraining) {
   EXPECT_LT(max_rel_error(attention(q, k, v), composite(q, k, v)), 2e-6);
 }
 
-// Mixing devices is refused before any path is chosen, on every LibTorch:
-// shown here with the meta device, which every build has, so that it runs
-// without a GPU (PlatformCuda below repeats it on CUDA).
-TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
+// Tensors without data (the meta device) are refused by name before any path
+// is chosen, on every LibTorch, as our kernels and length checks read data.
+// Mixing real devices is PlatformCuda's (below), which needs a GPU.
+TEST(Platform, MetaTensorsAreRefusedByNameOnEveryVersion) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   const auto q = torch::empty({2, 3, 4}, meta), k = torch::empty({2, 5, 4}, meta),
              v = torch::empty({2, 5, 2}, meta);
@@ -265,14 +265,14 @@ TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
     EXPECT_THAT(error_message([&] {
                   dot(q, k, v, torch::tensor({1, 2}), path);
                 }),
-                HasSubstr("d2l::dot_product_attention: valid_lens must be on the same device as "
-                          "queries (meta), got cpu"))
+                HasSubstr("d2l::dot_product_attention: queries must hold data, got a tensor on "
+                          "the meta device (shape [2, 3, 4])"))
         << d2l::to_string(path);
     EXPECT_THAT(error_message([&] {
-                  dot(q, torch::randn({2, 5, 4}), v, {}, path);
+                  dot(torch::randn({2, 3, 4}), torch::randn({2, 5, 4}), v, {}, path);
                 }),
-                HasSubstr("d2l::dot_product_attention: keys must be on the same device as "
-                          "queries (meta), got cpu"))
+                HasSubstr("d2l::dot_product_attention: values must hold data, got a tensor on "
+                          "the meta device (shape [2, 5, 2])"))
         << d2l::to_string(path);
   }
   d2l::DotProductAttention module(
@@ -280,7 +280,7 @@ TEST(Platform, MixedDevicesAreClearErrorsOnEveryVersion) {
   EXPECT_THAT(error_message([&] {
                 module(torch::randn({2, 3, 4}), k, v);
               }),
-              HasSubstr("keys must be on the same device as queries (cpu), got meta"));
+              HasSubstr("keys must hold data, got a tensor on the meta device"));
 }
 
 // CUDA: every path against the CPU composite oracle, forward and backward,
