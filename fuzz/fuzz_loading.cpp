@@ -12,11 +12,11 @@
 
 #include <d2l/attention.h>
 
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -238,14 +238,15 @@ void fuzz_loading(Bytes& in) {
                         " mode=" + std::to_string(mode) + " fits=" + std::to_string(fits) +
                         " misfit=" + std::to_string(misfit) + " " + target.module->name();
   // What torch::load does, in its two steps: LibTorch's reader, which
-  // reports some broken archives as std::runtime_error (not a c10::Error;
-  // docs/reliability.md, "Loading archives"), then
+  // reports some broken archives as std::runtime_error or
+  // torch::jit::ErrorReport (not c10::Error; docs/reliability.md, "Loading
+  // archives"), then
   // the module's load, ours.
   torch::serialize::InputArchive archive;
   try {
     std::istringstream stream(bytes);
     archive.load_from(stream);
-  } catch (const std::runtime_error&) {
+  } catch (const std::exception&) {
     return;
   }
   try {
