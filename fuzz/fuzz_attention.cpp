@@ -14,7 +14,8 @@
 // every prefix of an input is itself an input.
 //
 // One file per fuzzed area (fuzz_masking.cpp, fuzz_dot_product.cpp,
-// fuzz_additive.cpp, fuzz_heatmap.cpp), their shared helpers in
+// fuzz_additive.cpp, fuzz_modules.cpp, fuzz_seq2seq.cpp, fuzz_loading.cpp,
+// fuzz_heatmap.cpp), their shared helpers in
 // fuzz_common.{h,cpp}; this file is the entry point.
 
 #include <d2l/backend.h>
@@ -31,14 +32,19 @@ using d2l_fuzz::fuzz_additive_module;
 using d2l_fuzz::fuzz_additive_scores;
 using d2l_fuzz::fuzz_dot_product_functional;
 using d2l_fuzz::fuzz_dot_product_module;
+using d2l_fuzz::fuzz_encoder_decoder;
 using d2l_fuzz::fuzz_heatmaps;
+using d2l_fuzz::fuzz_loading;
 using d2l_fuzz::fuzz_masked_softmax;
+using d2l_fuzz::fuzz_multi_head;
+using d2l_fuzz::fuzz_nadaraya_watson;
+using d2l_fuzz::fuzz_seq2seq;
 using d2l_fuzz::fuzz_sequence_mask;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   current = Call{};
-  const int64_t op = in.below(8);
+  const int64_t op = in.below(13);
   // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
   // back to what this CPU runs.
   const uint8_t isa_byte = in.byte();
@@ -57,6 +63,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 4: fuzz_dot_product_module(in); break;
       case 5: fuzz_additive_scores(in); break;
       case 6: fuzz_additive_module(in); break;
+      case 8: fuzz_multi_head(in); break;
+      case 9: fuzz_nadaraya_watson(in); break;
+      case 10: fuzz_seq2seq(in); break;
+      case 11: fuzz_encoder_decoder(in); break;
+      case 12: fuzz_loading(in); break;
       default: fuzz_heatmaps(in); break;
     }
   } catch (const c10::Error&) {

@@ -173,5 +173,10 @@ void fuzz_dot_product_module(Bytes& in);      // fuzz_dot_product.cpp
 void fuzz_additive_scores(Bytes& in);         // fuzz_additive.cpp
 void fuzz_additive_module(Bytes& in);         // fuzz_additive.cpp
 void fuzz_heatmaps(Bytes& in);                // fuzz_heatmap.cpp
+void fuzz_multi_head(Bytes& in);              // fuzz_modules.cpp
+void fuzz_nadaraya_watson(Bytes& in);         // fuzz_modules.cpp
+void fuzz_seq2seq(Bytes& in);                 // fuzz_seq2seq.cpp
+void fuzz_encoder_decoder(Bytes& in);         // fuzz_seq2seq.cpp
+void fuzz_loading(Bytes& in);                 // fuzz_loading.cpp
 
 }  // namespace d2l_fuzz

@@ -49,6 +49,9 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  /// Module::load, checked first: a tensor of another shape or dtype, or a
+  /// missing or extra one, is a c10::Error and nothing is loaded.
+  void load(torch::serialize::InputArchive& archive) override;
 
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values, const torch::Tensor& valid_lens = {});

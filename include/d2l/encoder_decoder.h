@@ -114,6 +114,9 @@ class EncoderDecoderImpl : public torch::nn::Cloneable<EncoderDecoderImpl> {
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  /// Module::load, checked first: a tensor of another shape or dtype, or a
+  /// missing or extra one, is a c10::Error and nothing is loaded.
+  void load(torch::serialize::InputArchive& archive) override;
 
   /// Deep copy. (`torch::optional` is `c10::optional` on 1.13 and
   /// `std::optional` on 2.x: the type of the `Module::clone` it overrides.)

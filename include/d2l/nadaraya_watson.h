@@ -36,6 +36,9 @@ class NWKernelRegressionImpl : public torch::nn::Cloneable<NWKernelRegressionImp
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  /// Module::load, checked first: a tensor of another shape or dtype, or a
+  /// missing or extra one, is a c10::Error and nothing is loaded.
+  void load(torch::serialize::InputArchive& archive) override;
 
   /// queries (n_q), keys and values (n_q, n_k) -> (n_q).
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,

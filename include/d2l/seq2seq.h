@@ -49,6 +49,9 @@ class Seq2SeqEncoderImpl : public torch::nn::Cloneable<Seq2SeqEncoderImpl>, publ
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  /// Module::load, checked first: a tensor of another shape or dtype, or a
+  /// missing or extra one, is a c10::Error and nothing is loaded.
+  void load(torch::serialize::InputArchive& archive) override;
 
   EncoderOutput forward(const torch::Tensor& X, const torch::Tensor& valid_lens = {}) override;
 
@@ -77,6 +80,9 @@ class Seq2SeqDecoderImpl : public torch::nn::Cloneable<Seq2SeqDecoderImpl>, publ
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  /// Module::load, checked first: a tensor of another shape or dtype, or a
+  /// missing or extra one, is a c10::Error and nothing is loaded.
+  void load(torch::serialize::InputArchive& archive) override;
 
   /// The book's `enc_outputs[1]`: the encoder's final hidden state. This
   /// decoder does not attend, so `enc_valid_lens` is ignored, as in the book
@@ -112,6 +118,9 @@ class Seq2SeqAttentionDecoderImpl : public torch::nn::Cloneable<Seq2SeqAttention
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  /// Module::load, checked first: a tensor of another shape or dtype, or a
+  /// missing or extra one, is a c10::Error and nothing is loaded.
+  void load(torch::serialize::InputArchive& archive) override;
 
   /// The book's `(outputs.permute(1, 0, 2), hidden_state, enc_valid_lens)`,
   /// plus the projected keys.
