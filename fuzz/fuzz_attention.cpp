@@ -14,8 +14,9 @@
 // every prefix of an input is itself an input.
 //
 // One file per fuzzed area (fuzz_masking.cpp, fuzz_dot_product.cpp,
-// fuzz_additive.cpp, fuzz_heatmap.cpp), their shared helpers in
-// fuzz_common.{h,cpp}; this file is the entry point.
+// fuzz_additive.cpp, fuzz_heatmap.cpp, fuzz_plot.cpp), their shared helpers in
+// fuzz_common.{h,cpp} (and fuzz_viz.{h,cpp} for the writers); this file is
+// the entry point.
 
 #include <d2l/backend.h>
 
@@ -23,6 +24,7 @@
 #include <cstdint>
 
 #include "fuzz_common.h"
+#include "fuzz_viz.h"
 
 using d2l_fuzz::Bytes;
 using d2l_fuzz::Call;
@@ -33,12 +35,13 @@ using d2l_fuzz::fuzz_dot_product_functional;
 using d2l_fuzz::fuzz_dot_product_module;
 using d2l_fuzz::fuzz_heatmaps;
 using d2l_fuzz::fuzz_masked_softmax;
+using d2l_fuzz::fuzz_plot;
 using d2l_fuzz::fuzz_sequence_mask;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   current = Call{};
-  const int64_t op = in.below(8);
+  const int64_t op = in.below(9);
   // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
   // back to what this CPU runs.
   const uint8_t isa_byte = in.byte();
@@ -57,7 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 4: fuzz_dot_product_module(in); break;
       case 5: fuzz_additive_scores(in); break;
       case 6: fuzz_additive_module(in); break;
-      default: fuzz_heatmaps(in); break;
+      case 7: fuzz_heatmaps(in); break;
+      default: fuzz_plot(in); break;
     }
   } catch (const c10::Error&) {
     // The documented way to refuse an input.
