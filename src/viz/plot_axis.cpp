@@ -89,7 +89,9 @@ double nice_step(double lo, double hi, int intervals) {
 std::vector<double> linear_ticks(double lo, double hi) {
   const double step = nice_step(lo, hi, 6);
   std::vector<double> ticks;
-  for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + 1e-9 * step; ++k) {
+  // Bounds as quotients: hi + a fraction of the step overflows near DBL_MAX.
+  const double last = std::floor(hi / step + 1e-9);
+  for (double k = std::ceil(lo / step - 1e-9); k <= last; ++k) {
     ticks.push_back(std::abs(k) < 0.5 ? 0.0 : k * step);
   }
   return ticks;
