@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 
 DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev libgmock-dev \
-                   libbenchmark-dev libopenblas0-pthread libsleef-dev
+                   libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev
 # Only `make bench` and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
 

@@ -15,8 +15,9 @@
 //
 // One file per fuzzed area (fuzz_masking.cpp, fuzz_dot_product.cpp,
 // fuzz_additive.cpp, fuzz_modules.cpp, fuzz_seq2seq.cpp, fuzz_loading.cpp,
-// fuzz_heatmap.cpp), their shared helpers in
-// fuzz_common.{h,cpp}; this file is the entry point.
+// fuzz_heatmap.cpp, fuzz_plot.cpp), their shared helpers in
+// fuzz_common.{h,cpp} (and fuzz_viz.{h,cpp} for the writers); this file is
+// the entry point.
 
 #include <d2l/backend.h>
 
@@ -24,6 +25,7 @@
 #include <cstdint>
 
 #include "fuzz_common.h"
+#include "fuzz_viz.h"
 
 using d2l_fuzz::Bytes;
 using d2l_fuzz::Call;
@@ -38,13 +40,14 @@ using d2l_fuzz::fuzz_loading;
 using d2l_fuzz::fuzz_masked_softmax;
 using d2l_fuzz::fuzz_multi_head;
 using d2l_fuzz::fuzz_nadaraya_watson;
+using d2l_fuzz::fuzz_plot;
 using d2l_fuzz::fuzz_seq2seq;
 using d2l_fuzz::fuzz_sequence_mask;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   current = Call{};
-  const int64_t op = in.below(13);
+  const int64_t op = in.below(14);
   // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
   // back to what this CPU runs.
   const uint8_t isa_byte = in.byte();
@@ -63,12 +66,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 4: fuzz_dot_product_module(in); break;
       case 5: fuzz_additive_scores(in); break;
       case 6: fuzz_additive_module(in); break;
+      case 7: fuzz_heatmaps(in); break;
       case 8: fuzz_multi_head(in); break;
       case 9: fuzz_nadaraya_watson(in); break;
       case 10: fuzz_seq2seq(in); break;
       case 11: fuzz_encoder_decoder(in); break;
       case 12: fuzz_loading(in); break;
-      default: fuzz_heatmaps(in); break;
+      default: fuzz_plot(in); break;
     }
   } catch (const c10::Error&) {
     // The documented way to refuse an input.

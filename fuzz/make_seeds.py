@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the starting seeds of fuzz/corpus: for each operation of
-fuzz_attention.cpp, a few inputs whose first byte selects it (byte % 13), the
+fuzz_attention.cpp, a few inputs whose first byte selects it (byte % 14), the
 second the kernels' instruction set, and the rest fixed pseudo-random choices.
 The committed corpus is these seeds merged (libFuzzer -merge=1) with inputs
 that added coverage in longer runs; see docs/reliability.md."""
@@ -11,7 +11,7 @@ import random
 
 OPERATIONS = ["sequence_mask", "masked_softmax", "masked_softmax_b", "dot_product",
               "dot_product_module", "additive_scores", "additive_module", "heatmaps",
-              "multi_head", "nadaraya_watson", "seq2seq", "encoder_decoder", "loading"]
+              "multi_head", "nadaraya_watson", "seq2seq", "encoder_decoder", "loading", "plot"]
 
 
 def main():

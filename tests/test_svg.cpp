@@ -9,10 +9,13 @@
 #include <string>
 
 #include "test_utils.h"
+#include "xml_checked.h"
 
 namespace {
 
 using d2l::testing::error_message;
+using d2l::testing::valid_heatmaps_svg;
+using d2l::testing::valid_plot_svg;
 
 class SvgWriter : public ::testing::Test {
  protected:
@@ -60,8 +63,8 @@ TEST_F(SvgWriter, AFailedFlushIsReported) {
 }
 
 TEST(SvgDocuments, HeatmapsAndPlotsShareFontsAndBackground) {
-  const auto heatmap = d2l::heatmaps_svg(torch::ones({1, 1, 2, 2}));
-  const auto plot = d2l::plot_svg({{{0, 1}, {0, 1}, "", "-"}});
+  const auto heatmap = valid_heatmaps_svg(torch::ones({1, 1, 2, 2}));
+  const auto plot = valid_plot_svg({{{0, 1}, {0, 1}, "", "-"}});
   const std::regex root(R"re(<svg [^>]*( font-family="[^"]+" font-size="9")>\n)re");
   std::smatch heatmap_root, plot_root;
   ASSERT_TRUE(std::regex_search(heatmap, heatmap_root, root));

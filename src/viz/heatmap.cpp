@@ -178,6 +178,14 @@ void append_defs(Buffer& out, const Colormap& map, const Scale& scale) {
   fmt::format_to(it, "</defs>\n");
 }
 
+/// A cell's value for its tooltip: words for the non-finite values, so that
+/// no "nan" or "inf" token is written where numbers are.
+std::string value_text(double v) {
+  if (std::isnan(v)) return "not a number";
+  if (std::isinf(v)) return v > 0 ? "infinity" : "-infinity";
+  return fmt::format("{:.6g}", v);
+}
+
 /// Cell edges rounded once, so that neighbouring cells share them exactly.
 double edge(int64_t k, double cell) { return written_coordinate(k * cell); }
 
@@ -195,8 +203,8 @@ void append_cells(Buffer& out, const Matrices& m, int64_t r, int64_t c, const La
       const std::string fill = std::isnan(v) ? nan_fill : hex(sample(map, scale.fraction(v)));
       fmt::format_to(it,
                      "<rect class=\"cell\" x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" "
-                     "height=\"{:.2f}\" fill=\"{}\"><title>row {}, col {}: {:.6g}</title></rect>\n",
-                     x0, y0, x1 - x0, y1 - y0, fill, i, j, v);
+                     "height=\"{:.2f}\" fill=\"{}\"><title>row {}, col {}: {}</title></rect>\n",
+                     x0, y0, x1 - x0, y1 - y0, fill, i, j, value_text(v));
     }
   }
   fmt::format_to(it, "</g>\n");

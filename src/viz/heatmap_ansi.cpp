@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "heatmap_data.h"
+#include "svg.h"
 
 namespace d2l {
 namespace {
@@ -81,12 +82,17 @@ std::string render_ansi(const char* fn, const torch::Tensor& matrices,
 
   Buffer out;
   auto it = std::back_inserter(out);
-  if (!options.ylabel().empty()) fmt::format_to(it, "rows: {}\n", options.ylabel());
-  if (!options.xlabel().empty()) fmt::format_to(it, "columns: {}\n", options.xlabel());
+  // User text as valid UTF-8 without control characters, which could move
+  // the cursor or start an escape sequence.
+  const auto text = [](const std::string& s) {
+    return detail::valid_utf8(s, detail::printable_char);
+  };
+  if (!options.ylabel().empty()) fmt::format_to(it, "rows: {}\n", text(options.ylabel()));
+  if (!options.xlabel().empty()) fmt::format_to(it, "columns: {}\n", text(options.xlabel()));
   if (!options.titles().empty()) {
     for (int64_t c = 0; c < m.cols; ++c) {
       fmt::format_to(it, "{}{}", c > 0 ? "  " : "",
-                     fit(options.titles()[c], static_cast<size_t>(2 * m.width)));
+                     fit(text(options.titles()[c]), static_cast<size_t>(2 * m.width)));
     }
     out.push_back('\n');
   }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "svg.h"
+
 namespace d2l::detail::heatmap {
 namespace {
 
@@ -74,10 +76,7 @@ const Colormap& check_arguments(const char* fn, const torch::Tensor& matrices,
   TORCH_CHECK(
       titles.empty() || static_cast<int64_t>(titles.size()) == matrices.size(1),
       fmt::format("{}: titles has {} entries for {} columns", fn, titles.size(), matrices.size(1)));
-  const auto [fig_w, fig_h] = options.figsize();
-  TORCH_CHECK(
-      fig_w > 0 && fig_h > 0 && std::isfinite(fig_w) && std::isfinite(fig_h),
-      fmt::format("{}: figsize must be positive and finite, got ({}, {})", fn, fig_w, fig_h));
+  check_figsize(fn, options.figsize().first, options.figsize().second);
   return find_colormap(fn, options.cmap());
 }
 

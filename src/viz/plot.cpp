@@ -29,7 +29,6 @@ constexpr std::array<const char*, 10> kCycle = {"#1f77b4", "#ff7f0e", "#2ca02c",
                                                 "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                                                 "#bcbd22", "#17becf"};
 
-using Point = std::pair<double, double>;
 using Segments = std::vector<std::vector<Point>>;
 
 struct Style {
@@ -111,8 +110,7 @@ struct Frame {
 
 Frame layout(const PlotOptions& options, const Axis& x, const Axis& y) {
   const auto [w_in, h_in] = options.figsize();
-  TORCH_CHECK(w_in > 0 && h_in > 0 && std::isfinite(w_in) && std::isfinite(h_in),
-              fmt::format("{}: figsize must be positive, got ({}, {})", kFn, w_in, h_in));
+  check_figsize(kFn, w_in, h_in);
   Frame f{w_in * kPointsPerInch, h_in * kPointsPerInch, 0, 0, 0, 0};
   double widest = 0;
   for (const double v : y.ticks) widest = std::max(widest, tick_label_width(y, v));
@@ -152,15 +150,40 @@ void draw_ticks(Out out, const Frame& f, const Axis& x, const Axis& y, bool grid
   }
 }
 
-// Screen points of a series, split at the points that cannot be drawn.
+// Screen points of a series, split at the points that cannot be drawn and
+// clipped to the axes' outer box.
 Segments screen_segments(const Series& s, const Axis& x, const Axis& y) {
   Segments segments(1);
+  const auto cut = [&] {
+    if (!segments.back().empty()) segments.emplace_back();
+  };
+  const auto add = [&](Point p) {
+    segments.back().emplace_back(x.screen_of(p.first), y.screen_of(p.second));
+  };
+  c10::optional<Point> previous;  // plotted coordinates
   for (size_t j = 0; j < s.x.size(); ++j) {
-    if (drawable(s.x[j], s.y[j])) {
-      segments.back().emplace_back(x.screen(s.x[j]), y.screen(s.y[j]));
-    } else if (!segments.back().empty()) {
-      segments.emplace_back();
+    if (!drawable(s.x[j], s.y[j])) {
+      previous.reset();
+      cut();
+      continue;
     }
+    const Point p(x.coordinate(s.x[j]), y.coordinate(s.y[j]));
+    c10::optional<std::pair<double, double>> part;
+    if (previous) part = clip(x, y, *previous, p);
+    if (!previous) {
+      if (inside(x, y, p)) add(p);
+    } else if (!part) {
+      cut();
+    } else {
+      const auto [u0, u1] = *part;
+      if (u0 > 0 || segments.back().empty()) {
+        cut();
+        add(along(*previous, p, u0));
+      }
+      add(along(*previous, p, u1));
+      if (u1 < 1) cut();
+    }
+    previous = p;
   }
   if (segments.back().empty()) segments.pop_back();
   return segments;

@@ -37,9 +37,32 @@ double number_width(std::string_view label, double font);
 /// they share them exactly.
 double written_coordinate(double v);
 
-/// `text` as XML character data or attribute value: the five special
-/// characters as entities, control characters that XML 1.0 forbids as U+FFFD.
+/// `text` as valid UTF-8: every byte that does not start a well-formed UTF-8
+/// sequence (stray continuation bytes, truncated or overlong sequences,
+/// surrogates, code points past U+10FFFF) becomes U+FFFD, and so does every
+/// code point that `allowed` rejects.
+std::string valid_utf8(std::string_view text, bool (*allowed)(char32_t));
+
+/// Whether XML 1.0 allows `c` in a document: not the C0 controls other than
+/// tab, newline and carriage return, nor U+FFFE and U+FFFF.
+bool xml_char(char32_t c);
+
+/// Whether a terminal prints `c` as a character: not a C0 or C1 control
+/// (which could start an escape sequence) nor DEL.
+bool printable_char(char32_t c);
+
+/// `text` as XML character data or attribute value, as every viz writer
+/// writes user text: valid_utf8(text, xml_char) with the five special
+/// characters as entities.
 std::string xml_escape(std::string_view text);
+
+/// Largest figsize side in inches: beyond it coordinates stop being sane
+/// (a figsize of 1e308 inches is infinite points).
+constexpr double kMaxFigsizeInches = 1000;
+
+/// Checks a figsize (width, height) in inches: finite, positive and at most
+/// kMaxFigsizeInches. Throws c10::Error "<fn>: figsize must be ...".
+void check_figsize(const char* fn, double width, double height);
 
 /// The root element of a document, `width` x `height` user units.
 struct SvgCanvas {

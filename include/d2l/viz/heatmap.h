@@ -25,10 +25,9 @@ struct HeatmapOptions {
   /// One title per column of panels (empty: no titles).
   TORCH_ARG(std::vector<std::string>, titles) = {};
   /// Box of one panel's cells in inches (width, height); 1 inch = 72 SVG user
-  /// units. Cells are square, as matplotlib's imshow draws them, so the panel
-  /// fills the box along one side only; matrices more than five times wider
-  /// than tall (or taller than wide) get stretched cells instead of a panel
-  /// thinner than a fifth of the box.
+  /// units, each side in (0, 1000]. Cells are square, as matplotlib's imshow draws them, so the
+  /// panel fills the box along one side only; matrices more than five times wider than tall (or
+  /// taller than wide) get stretched cells instead of a panel thinner than a fifth of the box.
   TORCH_ARG(Figsize, figsize) = std::make_pair(2.5, 2.5);
   /// Colour map: "Reds", "Blues", "Greens", "Greys" or "viridis".
   TORCH_ARG(std::string, cmap) = "Reds";

@@ -35,7 +35,8 @@ struct PlotOptions {
   TORCH_ARG(std::string, ylabel) = "";
   /// Title above the axes.
   TORCH_ARG(std::string, title) = "";
-  /// Size of the figure in inches (width, height); 1 inch = 72 SVG user units.
+  /// Size of the figure in inches (width, height), each in (0, 1000]; 1 inch =
+  /// 72 SVG user units.
   TORCH_ARG(Size, figsize) = Size(3.5, 2.5);
   /// x axis limits (lower, upper); default: the data range plus 5% margins.
   TORCH_ARG(OptionalRange, xlim) = c10::nullopt;
