@@ -3,6 +3,8 @@
 
 #include "attention_weights.h"
 
+#include <torch/csrc/autograd/variable.h>
+
 #include <array>
 #include <cstdint>
 #include <mutex>
@@ -20,6 +22,21 @@ std::mutex& lock_for(const torch::Tensor& slot) {
   return locks[stripe];
 }
 
+// A tensor of its own (same data, same version counter, same place in the
+// autograd graph) rather than `weights` itself, which the graph may hold
+// (saved for a bmm's backward) and release from inside uninstrumented
+// libtorch in whichever thread frees the graph. The copy's reference count is
+// touched only by record_weights, load_weights and their callers, so
+// ThreadSanitizer sees every release of the recorded tensor.
+torch::Tensor own_tensor(const torch::Tensor& weights) {
+  if (!weights.defined()) return weights;
+  auto own = weights.tensor_data();
+  if (weights.grad_fn()) {
+    torch::autograd::impl::set_gradient_edge(own, torch::autograd::impl::gradient_edge(weights));
+  }
+  return own;
+}
+
 }  // namespace
 
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training) {
@@ -27,10 +44,12 @@ torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool train
 }
 
 void record_weights(torch::Tensor& slot, torch::Tensor weights) {
+  auto own = own_tensor(weights);
+  weights.reset();
   torch::Tensor previous;
   {
     std::lock_guard<std::mutex> lock(lock_for(slot));
-    previous = std::exchange(slot, std::move(weights));
+    previous = std::exchange(slot, std::move(own));
   }
   // The previous weights are released outside the lock.
 }
