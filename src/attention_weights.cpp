@@ -3,8 +3,6 @@
 
 #include "attention_weights.h"
 
-#include <torch/csrc/autograd/variable.h>
-
 #include <array>
 #include <cstdint>
 #include <mutex>
@@ -22,19 +20,15 @@ std::mutex& lock_for(const torch::Tensor& slot) {
   return locks[stripe];
 }
 
-// A tensor of its own (same data, same version counter, same place in the
-// autograd graph) rather than `weights` itself, which the graph may hold
-// (saved for a bmm's backward) and release from inside uninstrumented
-// libtorch in whichever thread frees the graph. The copy's reference count is
-// touched only by record_weights, load_weights and their callers, so
-// ThreadSanitizer sees every release of the recorded tensor.
+// A tensor of its own (same data and version counter, outside the autograd
+// graph) rather than `weights` itself. The graph may hold `weights` (saved for
+// a bmm's backward), and a recorded tensor that kept the graph would make
+// whichever thread drops it last free another call's whole graph; libtorch,
+// uninstrumented, would then release tensors whose last use ThreadSanitizer
+// saw in the other thread. The copy's reference count is touched only by
+// record_weights, load_weights and their callers, so every release is seen.
 torch::Tensor own_tensor(const torch::Tensor& weights) {
-  if (!weights.defined()) return weights;
-  auto own = weights.tensor_data();
-  if (weights.grad_fn()) {
-    torch::autograd::impl::set_gradient_edge(own, torch::autograd::impl::gradient_edge(weights));
-  }
-  return own;
+  return weights.defined() ? weights.tensor_data() : weights;
 }
 
 }  // namespace
