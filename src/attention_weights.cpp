@@ -20,6 +20,17 @@ std::mutex& lock_for(const torch::Tensor& slot) {
   return locks[stripe];
 }
 
+// A tensor of its own (same data and version counter, outside the autograd
+// graph) rather than `weights` itself. The graph may hold `weights` (saved for
+// a bmm's backward), and a recorded tensor that kept the graph would make
+// whichever thread drops it last free another call's whole graph; libtorch,
+// uninstrumented, would then release tensors whose last use ThreadSanitizer
+// saw in the other thread. The copy's reference count is touched only by
+// record_weights, load_weights and their callers, so every release is seen.
+torch::Tensor own_tensor(const torch::Tensor& weights) {
+  return weights.defined() ? weights.tensor_data() : weights;
+}
+
 }  // namespace
 
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training) {
@@ -27,10 +38,12 @@ torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool train
 }
 
 void record_weights(torch::Tensor& slot, torch::Tensor weights) {
+  auto own = own_tensor(weights);
+  weights.reset();
   torch::Tensor previous;
   {
     std::lock_guard<std::mutex> lock(lock_for(slot));
-    previous = std::exchange(slot, std::move(weights));
+    previous = std::exchange(slot, std::move(own));
   }
   // The previous weights are released outside the lock.
 }

@@ -19,7 +19,10 @@
 //   member's address from a fixed set, so that no module holds a mutex of its
 //   own (nothing to copy in clone(), nothing in the public headers) and a
 //   module can record into a submodule's member. Afterwards the member holds
-//   the whole weights of one of the calls.
+//   the whole weights of one of the calls, as a tensor of its own sharing
+//   their data but outside the autograd graph (a shared module must not keep
+//   one caller's graph alive, nor free it from another thread); the
+//   functional forms return the weights with their graph.
 // * While forwards run, read the weights only through an accessor that loads
 //   them under the same lock: NWKernelRegression::last_attention_weights(),
 //   MultiHeadAttention::last_attention_weights(),
