@@ -217,4 +217,8 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
   return output;
 }
 
+torch::Tensor AdditiveAttentionImpl::last_attention_weights() const {
+  return detail::load_weights(attention_weights);
+}
+
 }  // namespace d2l

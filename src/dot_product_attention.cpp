@@ -138,4 +138,8 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
   return output;
 }
 
+torch::Tensor DotProductAttentionImpl::last_attention_weights() const {
+  return detail::load_weights(attention_weights);
+}
+
 }  // namespace d2l

@@ -92,8 +92,11 @@ void expect_threads_agree_with_one_thread(Holder module, const std::vector<QKV>&
                  torch::equal(w, module->attention_weights);
         });
     EXPECT_TRUE(one_of_them) << "attention_weights holds none of the calls' weights";
+    EXPECT_TRUE(torch::equal(module->last_attention_weights(), module->attention_weights));
+    EXPECT_FALSE(module->attention_weights.requires_grad()) << "a shared module holds a graph";
   } else {
     EXPECT_FALSE(module->attention_weights.defined());
+    EXPECT_FALSE(module->last_attention_weights().defined());
   }
 }
 

@@ -58,8 +58,14 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
 
   DotProductAttentionOptions options;
   torch::nn::Dropout dropout{nullptr};
-  /// Weights of the last forward call, (B, n, m), before dropout. Shared
-  /// modules are safe to call from many threads (README, "Threads").
+  /// attention_weights, read safely while other threads call forward
+  /// (Note [Recording attention weights] in src/attention_weights.h).
+  torch::Tensor last_attention_weights() const;
+
+  /// Weights of the last forward call, (B, n, m), before dropout, outside the
+  /// autograd graph. Shared modules are safe to call from many threads; while
+  /// they run, read the weights through last_attention_weights() (README,
+  /// "Threads").
   torch::Tensor attention_weights;
 
  protected:
