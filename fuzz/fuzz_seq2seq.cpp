@@ -122,9 +122,13 @@ void fuzz_seq2seq(Bytes& in) {
   const auto grad_mode = pick_grad_mode(in);
   GradModeScope scope(grad_mode);
   auto enc = encoder(enc_X);
+  // make_tokens may have picked another shape; the encoder accepted it, so
+  // it is (batch, steps) (a finding of an early run: the check used B, T_enc).
+  FUZZ_CHECK(enc_X.dim() == 2, "the encoder accepted tokens that are not 2-D");
+  const int64_t batch = enc_X.size(0), steps = enc_X.size(1);
   FUZZ_CHECK(
-      enc.outputs.sizes() == torch::IntArrayRef({T_enc, B, o.num_hiddens()}) &&
-          enc.hidden_state.sizes() == torch::IntArrayRef({o.num_layers(), B, o.num_hiddens()}),
+      enc.outputs.sizes() == torch::IntArrayRef({steps, batch, o.num_hiddens()}) &&
+          enc.hidden_state.sizes() == torch::IntArrayRef({o.num_layers(), batch, o.num_hiddens()}),
       "encoder output of wrong shape");
   FUZZ_CHECK(all_finite(enc.outputs) && all_finite(enc.hidden_state), "encoder output not finite");
   enc.outputs = perturb(in, enc.outputs);
@@ -146,7 +150,9 @@ void fuzz_seq2seq(Bytes& in) {
   const auto dec_X = make_tokens(in, B, T_dec, o.vocab_size());
   note("dec_X", dec_X);
   const auto [out, next] = decoder->forward(dec_X, state);
-  check_decoder_output(out, next, o, B, T_dec);
+  // Accepted tokens are (batch, steps), whatever shape make_tokens picked.
+  const int64_t dec_batch = dec_X.size(0), dec_steps = dec_X.size(1);
+  check_decoder_output(out, next, o, dec_batch, dec_steps);
   const bool finite_expected =
       tame(state.hidden_state) && tame(state.enc_outputs) && tame(state.projected_keys);
   if (finite_expected) FUZZ_CHECK(all_finite(out), "decoder output not finite");
@@ -155,7 +161,8 @@ void fuzz_seq2seq(Bytes& in) {
     const auto weights = attention_decoder->attention_weights();
     note("attention_weights", weights);
     const int64_t m = state.enc_outputs.size(1);
-    check_weights(weights, valid_mask(state.enc_valid_lens, B, T_dec, m), finite_expected);
+    check_weights(weights, valid_mask(state.enc_valid_lens, dec_batch, dec_steps, m),
+                  finite_expected);
   }
   check_backward(out, decoder->as_module().parameters(), finite_expected, in);
 }
@@ -185,14 +192,15 @@ void fuzz_encoder_decoder(Bytes& in) {
     GradModeScope scope(grad_mode);
     std::tie(out, next) = model(enc_X, dec_X, lens);
   }
-  check_decoder_output(out, next, o, B, T_dec);
+  const int64_t dec_batch = dec_X.size(0), dec_steps = dec_X.size(1);
+  check_decoder_output(out, next, o, dec_batch, dec_steps);
   FUZZ_CHECK(all_finite(out), "EncoderDecoder output not finite");
   if (with_attention) {
     check_lengths_accepted(lens);
     const auto weights =
         std::dynamic_pointer_cast<d2l::AttentionDecoder>(model->decoder)->attention_weights();
     note("attention_weights", weights);
-    check_weights(weights, valid_mask(lens, B, T_dec, T_enc), true);
+    check_weights(weights, valid_mask(lens, dec_batch, dec_steps, enc_X.size(1)), true);
   }
   check_backward(out, model->parameters(), true, in);
 }
