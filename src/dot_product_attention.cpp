@@ -1,6 +1,7 @@
 // Scaled dot-product attention: argument checks, the composite path (bmm,
-// masked softmax, bmm; fused softmax on the CPU), LibTorch's SDPA with our
-// masking contract, the functional form and the module. The choice among
+// masked softmax, bmm; fused softmax on the CPU), the flash kernel's entry
+// (autograd/dot_product_attention.cpp), LibTorch's SDPA with our masking
+// contract, the functional form and the module. The choice among
 // them is in path.cpp (Note [Choosing a path]).
 
 #include <d2l/dot_product_attention.h>
@@ -15,6 +16,7 @@
 
 #include "attention_weights.h"
 #include "checks.h"
+#include "dot_product_attention.h"
 #include "masked_softmax.h"
 #include "path.h"
 
@@ -92,17 +94,23 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
   detail::check_dropout(fn, dropout);
   const auto chosen = detail::choose_dot_product_path(fn, path, queries, keys, values, dropout,
                                                       training, need_weights);
-  if (chosen == Path::kSdpa) {
-    return {detail::sdpa_attention(queries, keys, values, valid_lens, training ? dropout : 0.0),
-            torch::Tensor()};
-  }
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
+  switch (chosen) {
+    case detail::DotProductPath::kSdpa:
+      return {detail::sdpa_attention(queries, keys, values, valid_lens, training ? dropout : 0.0),
+              torch::Tensor()};
+    case detail::DotProductPath::kFlash:
+      return {detail::flash_attention(queries, keys, values, valid_lens, 1.0 / sqrt_d),
+              torch::Tensor()};
+    default: break;
+  }
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights = chosen == Path::kFused ? detail::fused_masked_softmax_consuming(
-                                              std::move(qk), valid_lens, 1.0 / sqrt_d)
-                                        : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
+  auto weights =
+      chosen == detail::DotProductPath::kFusedSoftmax
+          ? detail::fused_masked_softmax_consuming(std::move(qk), valid_lens, 1.0 / sqrt_d)
+          : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
   auto output = torch::bmm(detail::dropout_weights(weights, dropout, training), values);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};

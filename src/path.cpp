@@ -26,12 +26,6 @@ bool non_empty(const torch::Tensor& queries, const torch::Tensor& keys,
   return queries.numel() > 0 && keys.numel() > 0 && values.numel() > 0;
 }
 
-bool records_graph(const torch::Tensor& queries, const torch::Tensor& keys,
-                   const torch::Tensor& values) {
-  return torch::GradMode::is_enabled() &&
-         (queries.requires_grad() || keys.requires_grad() || values.requires_grad());
-}
-
 }  // namespace
 
 bool use_fused(const char* fn, Path path, const c10::Device& device) {
@@ -47,14 +41,16 @@ bool use_fused(const char* fn, Path path, const c10::Device& device) {
   return path != Path::kComposite && device.is_cpu();
 }
 
-// Path::kAuto hands dot-product attention that returns no weights to
-// LibTorch's SDPA on CUDA, and on the CPU from kSdpaMinKeysCpu keys on: its
-// flash kernel never builds the (B, n, m) scores, and it outruns bmm + fused
-// softmax + bmm once the key rows no longer fit in cache (README, "Choosing a
-// path", and `make bench-sdpa`).
-Path choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
-                             const torch::Tensor& keys, const torch::Tensor& values, double dropout,
-                             bool training, bool need_weights) {
+// Path::kAuto runs dot-product attention that returns no weights and draws no
+// dropout with the flash kernel on the CPU: it skips the padding that valid
+// lengths mark and never builds the (B, n, m) scores (README, "Choosing a
+// path", and `make bench-sdpa`); on CUDA it runs LibTorch's SDPA (2.1+).
+DotProductPath choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
+                                       const torch::Tensor& keys, const torch::Tensor& values,
+                                       double dropout, bool training, bool need_weights) {
+  // Empty sizes take the softmax paths, which keep the autograd graph.
+  const bool no_weights =
+      !need_weights && !(training && dropout > 0) && non_empty(queries, keys, values);
   if (path == Path::kSdpa) {
     TORCH_CHECK(D2L_HAS_SDPA,
                 fmt::format("{}: Path::kSdpa needs LibTorch 2.1 or newer "
@@ -66,22 +62,14 @@ Path choose_dot_product_path(const char* fn, Path path, const torch::Tensor& que
                             "need_weights=false (DotProductAttentionOptions::"
                             "record_attention_weights(false) in the modules)",
                             fn));
-    // Empty sizes take the composite path, which keeps the autograd graph.
-    return non_empty(queries, keys, values) ? Path::kSdpa : Path::kComposite;
+    return non_empty(queries, keys, values) ? DotProductPath::kSdpa : DotProductPath::kComposite;
   }
-  const bool fused = use_fused(fn, path, queries.device());
-  if (path != Path::kAuto || !D2L_HAS_SDPA || need_weights) {
-    return fused ? Path::kFused : Path::kComposite;
+  if (use_fused(fn, path, queries.device())) {
+    return no_weights ? DotProductPath::kFlash : DotProductPath::kFusedSoftmax;
   }
-  // Dropout keeps its semantics (and random stream) on our own paths. While
-  // a graph is recorded on the CPU, SDPA is taken only where its double
-  // backward is tested (2.11); elsewhere the fused softmax keeps it.
-  const bool sdpa =
-      !(training && dropout > 0) && non_empty(queries, keys, values) &&
-      (queries.is_cuda() ||
-       (queries.device().is_cpu() && keys.size(1) >= kSdpaMinKeysCpu &&
-        (D2L_TORCH_VERSION_AT_LEAST(2, 11) || !records_graph(queries, keys, values))));
-  return sdpa ? Path::kSdpa : fused ? Path::kFused : Path::kComposite;
+  // Dropout keeps its semantics (and random stream) on our own paths.
+  const bool sdpa = path == Path::kAuto && D2L_HAS_SDPA && queries.is_cuda() && no_weights;
+  return sdpa ? DotProductPath::kSdpa : DotProductPath::kComposite;
 }
 
 }  // namespace detail

@@ -5,7 +5,8 @@
 // is an error off the CPU); kAuto runs the fused CPU kernels for CPU tensors
 // and the composite path elsewhere (for additive scores, the chunked path,
 // which bounds memory), except that dot-product attention asked for no
-// weights may run LibTorch's SDPA (choose_dot_product_path). kSdpa is an
+// weights runs the flash kernel on the CPU and LibTorch's SDPA on CUDA
+// (choose_dot_product_path). kSdpa is an
 // error for every op but dot-product attention. The README's "Choosing a
 // path" table says the same for users; keep the two in step.
 
@@ -21,15 +22,21 @@ namespace d2l::detail {
 /// (naming `fn`) for kFused off the CPU and for kSdpa.
 bool use_fused(const char* fn, Path path, const c10::Device& device);
 
-/// The path functional::dot_product_attention runs for these arguments:
-/// kSdpa, kFused or kComposite (never kAuto). Throws, naming `fn`, for
-/// kSdpa on LibTorch older than 2.1 or with `need_weights`.
-Path choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
-                             const torch::Tensor& keys, const torch::Tensor& values, double dropout,
-                             bool training, bool need_weights);
+/// What functional::dot_product_attention runs.
+enum class DotProductPath {
+  kComposite,     // bmm, composite masked softmax, bmm: the book's ops
+  kFusedSoftmax,  // bmm, fused masked softmax, bmm: when weights or dropout are asked
+  kFlash,         // the flash CPU kernel (Note [Flash attention]): no weights
+  kSdpa,          // LibTorch's scaled_dot_product_attention
+};
 
-/// Keys (from this many on) at which Path::kAuto runs LibTorch's SDPA on the
-/// CPU for attention without weights (README, "Choosing a path").
-constexpr int64_t kSdpaMinKeysCpu = 1024;
+/// The path functional::dot_product_attention runs for these arguments.
+/// Path::kFused runs the flash kernel when no weights and no training-time
+/// dropout are asked and no size is zero, and the fused softmax otherwise.
+/// Throws, naming `fn`, for kSdpa on LibTorch older than 2.1 or with
+/// `need_weights`.
+DotProductPath choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
+                                       const torch::Tensor& keys, const torch::Tensor& values,
+                                       double dropout, bool training, bool need_weights);
 
 }  // namespace d2l::detail

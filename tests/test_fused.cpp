@@ -19,6 +19,7 @@
 
 #include "additive_attention.h"
 #include "cpu/additive_attention_kernel.h"
+#include "fused_helpers.h"
 #include "test_utils.h"
 
 namespace {
@@ -29,59 +30,12 @@ using d2l::testing::masked_softmax_by;
 using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
 
-std::vector<d2l::CpuIsa> runnable_isas() {
-  std::vector<d2l::CpuIsa> isas;
-  for (auto isa : {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512}) {
-    if (d2l::cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
-
-// Runs the test body once per instruction set, restoring the choice after.
-class Fused : public ::testing::TestWithParam<d2l::CpuIsa> {
- protected:
-  void SetUp() override {
-    saved_ = d2l::cpu_isa();
-    d2l::set_cpu_isa(GetParam());
-  }
-  void TearDown() override { d2l::set_cpu_isa(saved_); }
-
- private:
-  d2l::CpuIsa saved_ = d2l::CpuIsa::kDefault;
-};
-
+using d2l::testing::expect_close;
+using d2l::testing::Fused;
+using d2l::testing::kDtypes;
+using d2l::testing::runnable_isas;
 using d2l::testing::DtypeTolerance;
-
-const std::vector<DtypeTolerance> kDtypes = {{torch::kDouble, 1e-12, 1e-11},
-                                             {torch::kFloat, 2e-6, 1e-5},
-                                             {torch::kBFloat16, 2e-2, 5e-2},
-                                             {torch::kHalf, 2e-3, 5e-3}};
-
-// Forward value and input gradients of `f` for a fixed upstream gradient.
-std::vector<torch::Tensor> value_and_grads(
-    const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& f,
-    const std::vector<torch::Tensor>& inputs, const torch::Tensor& upstream) {
-  std::vector<torch::Tensor> leaves;
-  for (const auto& t : inputs) leaves.push_back(t.detach().clone().requires_grad_());
-  const auto out = f(leaves);
-  (out * upstream.to(out.scalar_type())).sum().backward();
-  std::vector<torch::Tensor> result{out.detach()};
-  for (const auto& t : leaves) result.push_back(t.grad());
-  return result;
-}
-
-void expect_close(const std::vector<torch::Tensor>& fused, const std::vector<torch::Tensor>& ref,
-                  const DtypeTolerance& tol, const std::string& what) {
-  ASSERT_EQ(fused.size(), ref.size());
-  for (size_t i = 0; i < fused.size(); ++i) {
-    ASSERT_TRUE(fused[i].defined()) << what << " output " << i;
-    EXPECT_EQ(fused[i].scalar_type(), ref[i].scalar_type()) << what << " output " << i;
-    EXPECT_EQ(fused[i].sizes(), ref[i].sizes()) << what << " output " << i;
-    EXPECT_FALSE(fused[i].isnan().any().item<bool>()) << what << " output " << i;
-    EXPECT_LT(max_rel_error(fused[i], ref[i]), i == 0 ? tol.forward : tol.backward)
-        << what << " output " << i << " (" << c10::toString(tol.dtype) << ")";
-  }
-}
+using d2l::testing::value_and_grads;
 
 TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
   torch::manual_seed(11);

@@ -177,42 +177,38 @@ TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
   }
 }
 
-TEST(Platform, AutoChoosesSdpaOnlyWhereItIsTheBetterCorrectPath) {
+TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoWeightsOrDropoutAreAsked) {
+  using d2l::detail::DotProductPath;
   auto choose = [](Path path, const torch::Tensor& q, const torch::Tensor& k, double dropout,
                    bool training, bool need_weights) {
     return d2l::detail::choose_dot_product_path("test", path, q, k, k, dropout, training,
                                                 need_weights);
   };
-  const int64_t long_m = d2l::detail::kSdpaMinKeysCpu;
-  const auto q = torch::randn({1, 2, 4}), k_long = torch::randn({1, long_m, 4});
-  const auto k_short = torch::randn({1, long_m - 1, 4});
-  const Path sdpa_if_available = d2l::sdpa_available() ? Path::kSdpa : Path::kFused;
-  {
-    torch::NoGradGuard no_grad;
-    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, false), sdpa_if_available);
-    EXPECT_EQ(choose(Path::kAuto, q, k_short, 0, false, false), Path::kFused);
-    // Weights asked for, or dropout in training: our own paths.
-    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, true), Path::kFused);
-    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0.1, true, false), Path::kFused);
-    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0.1, false, false), sdpa_if_available);
-    EXPECT_EQ(choose(Path::kComposite, q, k_long, 0, false, false), Path::kComposite);
-    EXPECT_EQ(choose(Path::kFused, q, k_long, 0, false, false), Path::kFused);
+  const auto q = torch::randn({1, 2, 4}), k = torch::randn({1, 3000, 4});
+  const auto q_grad = q.clone().requires_grad_();
+  for (const auto& query : {q, q_grad}) {
+    EXPECT_EQ(choose(Path::kAuto, query, k, 0, false, false), DotProductPath::kFlash);
+    EXPECT_EQ(choose(Path::kFused, query, k, 0, false, false), DotProductPath::kFlash);
+    // Dropout outside training draws nothing.
+    EXPECT_EQ(choose(Path::kAuto, query, k, 0.1, false, false), DotProductPath::kFlash);
+    // Weights asked for, or dropout in training: the fused softmax.
+    EXPECT_EQ(choose(Path::kAuto, query, k, 0, false, true), DotProductPath::kFusedSoftmax);
+    EXPECT_EQ(choose(Path::kAuto, query, k, 0.1, true, false), DotProductPath::kFusedSoftmax);
+    EXPECT_EQ(choose(Path::kComposite, query, k, 0, false, false), DotProductPath::kComposite);
   }
   {
     torch::InferenceMode inference;
-    EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+    EXPECT_EQ(choose(Path::kAuto, q, k, 0, false, false), DotProductPath::kFlash);
   }
-  // While a graph is recorded on the CPU, SDPA only where its double
-  // backward is tested (2.11 on); before, the fused path keeps it.
-  const auto q_grad = q.clone().requires_grad_();
-  EXPECT_EQ(choose(Path::kAuto, q_grad, k_long, 0, false, false),
-            D2L_TORCH_VERSION_AT_LEAST(2, 11) ? Path::kSdpa : Path::kFused);
-  EXPECT_EQ(choose(Path::kAuto, q_grad, k_short, 0, false, false), Path::kFused);
-  EXPECT_EQ(choose(Path::kAuto, q, k_long, 0, false, false), sdpa_if_available);
+  // Empty sizes keep the softmax paths, which keep the autograd graph.
+  EXPECT_EQ(choose(Path::kAuto, torch::randn({0, 2, 4}), torch::randn({0, 3, 4}), 0, false, false),
+            DotProductPath::kFusedSoftmax);
+  EXPECT_EQ(choose(Path::kAuto, q, torch::randn({1, 0, 4}), 0, false, false),
+            DotProductPath::kFusedSoftmax);
   if (d2l::sdpa_available()) {
-    EXPECT_EQ(choose(Path::kSdpa, q_grad, k_short, 0, true, false), Path::kSdpa);
-    EXPECT_EQ(choose(Path::kSdpa, torch::randn({0, 2, 4}), k_short, 0, false, false),
-              Path::kComposite);
+    EXPECT_EQ(choose(Path::kSdpa, q_grad, k, 0, true, false), DotProductPath::kSdpa);
+    EXPECT_EQ(choose(Path::kSdpa, torch::randn({0, 2, 4}), k, 0, false, false),
+              DotProductPath::kComposite);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cpu/additive_attention_kernel.h"
+#include "cpu/dot_product_attention_kernel.h"
 #include "cpu/masked_softmax_kernel.h"
 
 namespace d2l {
@@ -113,6 +114,7 @@ const Table& pick(const Table& (*default_table)(), const Table& (*avx2)(),
 
 D2L_DEFINE_CPU_DISPATCH(MaskedSoftmaxKernels, masked_softmax_kernels)
 D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
+D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
 
 }  // namespace cpu
 }  // namespace d2l

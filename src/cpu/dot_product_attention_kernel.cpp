@@ -1,0 +1,371 @@
+// Flash dot-product attention on the CPU, forward and backward: blocks of
+// queries against blocks of keys with an online softmax, never holding more
+// than one block of scores, and skipping every key block past the valid
+// lengths (Note [Flash attention]). Compiled once per instruction set (Note
+// [CPU kernels per instruction set]).
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "cpu/dot_product_attention_kernel.h"
+#include "cpu/flash_blocks-inl.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+// Note [Flash attention]
+// The forward pass takes a block of kQueryBlock query rows of one batch entry
+// and walks the keys in blocks of kKeyBlock, as FlashAttention does: the
+// block's scores S = Q Kᵀ (gemm-inl.h), a running row maximum and sum, and
+// the output accumulated as Σ exp(scale·S - max) V, rescaled whenever the
+// maximum grows. Only keys below the longest valid length among the block's
+// rows are visited: with lengths (B) a whole batch entry stops at its
+// length, so padding costs nothing, where SDPA's mask still computes it.
+// Inside a visited block, a row's entries past its own length are set to
+// exactly 0 before they meet V, so nothing stored in padding (inf, NaN) can
+// reach an output. The pass keeps lse = max + log(sum) per row.
+//
+// The backward pass recomputes P = exp(scale·S - lse) block by block and is
+// parallel over (batch entry, key block): each task owns its rows of dK and
+// dV, and adds its share of dQ into a per-thread buffer that is added to dQ
+// under a lock when the task moves to another batch entry. D = rowsum(dO ∘ O)
+// replaces the row sums of dP ∘ P.
+//
+// Work is split into one run of tasks per thread, of about equal cost (rows
+// times visited keys): with random lengths, equal numbers of tasks would
+// leave one thread with most of the keys. Operands are packed once per call
+// so that every vector load in the products is a whole, contiguous one: Kᵀ
+// (and Vᵀ) in panels of one register tile of keys, and Q, K, V, dO with
+// their feature dimension padded to whole tiles (O(B·(n + m)·d) memory, never
+// (B, n, m)).
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+// ---------------------------------------------------------------- forward
+
+template <typename T>
+struct ForwardArgs {
+  Dims s;
+  const T *q, *kp, *vp;  // q, Kᵀ in panels, v padded
+  int64_t ldv;
+  RowLengths lens;
+  T scale;
+  T *out, *lse;
+};
+
+template <typename T>
+struct ForwardScratch {
+  std::vector<T> scores, acc, row_max, row_sum;
+  std::vector<int64_t> len;
+
+  explicit ForwardScratch(int64_t ldv)
+      : scores(kQueryBlock * kKeyBlock),
+        acc(kQueryBlock * ldv),
+        row_max(kQueryBlock),
+        row_sum(kQueryBlock),
+        len(kQueryBlock) {}
+};
+
+template <typename T>
+void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0) {
+  constexpr int64_t W = kTileCols<T>;
+  const Dims& s = a.s;
+  const int64_t rows = std::min(kQueryBlock, s.n - i0);
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
+    longest = std::max(longest, w.len[r]);
+  }
+  std::fill(w.acc.begin(), w.acc.begin() + rows * a.ldv, T(0));
+  std::fill(w.row_max.begin(), w.row_max.end(), -std::numeric_limits<T>::infinity());
+  std::fill(w.row_sum.begin(), w.row_sum.end(), T(0));
+  const T* q = a.q + (b * s.n + i0) * s.d;
+  const T* kp = a.kp + b * round_up_to_tile<T>(s.m) * s.d;
+  const T* vp = a.vp + b * s.m * a.ldv;
+  for (int64_t j0 = 0; j0 < longest; j0 += kKeyBlock) {
+    const int64_t kc = std::min(kKeyBlock, longest - j0);
+    gemm<T>(rows, div_up(kc, W), s.d, q, s.d, kp + j0 * s.d, W, s.d * W, w.scores.data(), kKeyBlock,
+            /*accumulate=*/false);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = w.scores.data() + r * kKeyBlock;
+      const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
+      if (valid == 0) {
+        std::fill(row, row + kc, T(0));
+        continue;
+      }
+      const T old_max = w.row_max[r];
+      const T new_max = std::max(old_max, row_max(row, valid, kKeyBlock) * a.scale);
+      const T correction = old_max == new_max ? T(1) : std::exp(old_max - new_max);
+      w.row_sum[r] = w.row_sum[r] * correction + exp_row(row, valid, kc, a.scale, new_max);
+      w.row_max[r] = new_max;
+      if (correction != T(1)) {
+        T* acc = w.acc.data() + r * a.ldv;
+        for (int64_t c = 0; c < a.ldv; ++c) acc[c] *= correction;
+      }
+    }
+    gemm<T>(rows, a.ldv / W, kc, w.scores.data(), kKeyBlock, vp + j0 * a.ldv, a.ldv, W,
+            w.acc.data(), a.ldv, /*accumulate=*/true);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* out = a.out + (b * s.n + i0 + r) * s.dv;
+    const T* acc = w.acc.data() + r * a.ldv;
+    const bool empty = w.len[r] == 0;
+    const T inv = empty ? T(0) : T(1) / w.row_sum[r];
+    for (int64_t c = 0; c < s.dv; ++c) out[c] = empty ? T(0) : acc[c] * inv;
+    a.lse[b * s.n + i0 + r] =
+        empty ? -std::numeric_limits<T>::infinity() : w.row_max[r] + std::log(w.row_sum[r]);
+  }
+}
+
+template <typename T>
+void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                   const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                   const at::TensorBase& lse) {
+  const Dims s = dims_of(q, v);
+  const int64_t m_pad = round_up_to_tile<T>(s.m);
+  const T* kd = k.data_ptr<T>();
+  std::vector<T> kp(s.B * m_pad * s.d);
+  at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.data() + b * m_pad * s.d);
+    }
+  });
+  const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
+  const ForwardArgs<T> args{
+      s,        q.data_ptr<T>(),   kp.data(),        vp.data, vp.ld, row_lengths(lens, s.n),
+      T(scale), out.data_ptr<T>(), lse.data_ptr<T>()};
+  const int64_t blocks = div_up(s.n, kQueryBlock);
+  std::vector<int64_t> costs(s.B * blocks);
+  for (int64_t t = 0; t < s.B * blocks; ++t) {
+    const int64_t b = t / blocks, i0 = t % blocks * kQueryBlock;
+    const int64_t rows = std::min(kQueryBlock, s.n - i0);
+    costs[t] = rows * (longest_length(args.lens, s, b, i0, rows) + 16);
+  }
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    ForwardScratch<T> scratch(vp.ld);
+    for (int64_t t = t0; t < t1; ++t)
+      forward_block(args, scratch, t / blocks, t % blocks * kQueryBlock);
+  });
+}
+
+void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+             const at::TensorBase& lens, double scale, const at::TensorBase& out,
+             const at::TensorBase& lse) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_forward",
+                             [&] { forward_typed<scalar_t>(q, k, v, lens, scale, out, lse); });
+}
+
+// ---------------------------------------------------------------- backward
+
+template <typename T>
+struct BackwardArgs {
+  Dims s;
+  const T *q, *kp, *vtp, *dout, *lse, *delta;  // Kᵀ and Vᵀ in panels, delta = rowsum(dO ∘ O)
+  const T *qpad, *kpad, *dopad;                // rows padded to ldq / ldq / ldv
+  int64_t ldq, ldv;
+  RowLengths lens;
+  T scale;
+  T *dq, *dk, *dv;
+  std::mutex* dq_lock;
+};
+
+template <typename T>
+struct BackwardScratch {
+  std::vector<T> p, dp, pt, dst, dk, dv, dq;
+  std::vector<int64_t> len;
+  int64_t batch = -1;  // the batch entry whose dQ share `dq` holds
+
+  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv)
+      : p(kQueryBlock * kKeyBlock),
+        dp(kQueryBlock * kKeyBlock),
+        pt(kKeyBlock * kQueryBlock),
+        dst(kKeyBlock * kQueryBlock),
+        dk(kKeyBlock * ldq),
+        dv(kKeyBlock * ldv),
+        dq(s.n * ldq),
+        len(kQueryBlock) {}
+};
+
+// Adds the dQ share held in w.dq to the batch entry it belongs to.
+template <typename T>
+void flush_dq(const BackwardArgs<T>& a, BackwardScratch<T>& w) {
+  if (w.batch < 0) return;
+  const Dims& s = a.s;
+  std::lock_guard<std::mutex> guard(*a.dq_lock);
+  T* dq = a.dq + w.batch * s.n * s.d;
+  for (int64_t i = 0; i < s.n; ++i) {
+    for (int64_t c = 0; c < s.d; ++c) dq[i * s.d + c] += w.dq[i * a.ldq + c];
+  }
+}
+
+// One query block's contribution to key block [j0, j0 + kc) of batch entry b.
+template <typename T>
+void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t kc) {
+  constexpr int64_t W = kTileCols<T>;
+  using V = Vectorized<T>;
+  const Dims& s = a.s;
+  const int64_t m_pad = round_up_to_tile<T>(s.m), tiles = div_up(kc, W);
+  const int64_t row0 = b * s.n + i0;
+  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, a.kp + (b * m_pad + j0) * s.d, W, s.d * W,
+          w.p.data(), kKeyBlock, false);
+  gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, a.vtp + (b * m_pad + j0) * s.dv, W,
+          s.dv * W, w.dp.data(), kKeyBlock, false);
+  const V vscale(a.scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* p = w.p.data() + r * kKeyBlock;
+    T* ds = w.dp.data() + r * kKeyBlock;
+    const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
+    exp_row(p, valid, kc, a.scale, a.lse[row0 + r]);
+    // dS = scale · P ∘ (dP - delta) on the valid keys and exactly 0 past
+    // them, where dP may hold anything that padding values produce.
+    const V delta(a.delta[row0 + r]);
+    int64_t j = 0;
+    for (; j + V::size() <= valid; j += V::size()) {
+      (vscale * V::loadu(p + j) * (V::loadu(ds + j) - delta)).store(ds + j);
+    }
+    if (j < valid) {
+      const V g = vscale * V::loadu(p + j) * (V::loadu(ds + j) - delta);
+      V::set(V(T(0)), g, valid - j).store(ds + j);
+      j += V::size();
+    }
+    if (j < kc) std::fill(ds + j, ds + kc, T(0));
+  }
+  transpose(rows, kc, w.p.data(), kKeyBlock, w.pt.data(), kQueryBlock);
+  transpose(rows, kc, w.dp.data(), kKeyBlock, w.dst.data(), kQueryBlock);
+  gemm<T>(kc, a.ldv / W, rows, w.pt.data(), kQueryBlock, a.dopad + row0 * a.ldv, a.ldv, W,
+          w.dv.data(), a.ldv, true);
+  gemm<T>(kc, a.ldq / W, rows, w.dst.data(), kQueryBlock, a.qpad + row0 * a.ldq, a.ldq, W,
+          w.dk.data(), a.ldq, true);
+  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), kKeyBlock, a.kpad + (b * s.m + j0) * a.ldq, a.ldq, W,
+          w.dq.data() + i0 * a.ldq, a.ldq, true);
+}
+
+// dK and dV of key block [j0, j0 + kc) of batch entry b, and its dQ share.
+template <typename T>
+void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
+                    int64_t kc) {
+  const Dims& s = a.s;
+  if (w.batch != b) {
+    flush_dq(a, w);
+    std::fill(w.dq.begin(), w.dq.end(), T(0));
+    w.batch = b;
+  }
+  std::fill(w.dk.begin(), w.dk.begin() + kc * a.ldq, T(0));
+  std::fill(w.dv.begin(), w.dv.begin() + kc * a.ldv, T(0));
+  for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
+    const int64_t rows = std::min(kQueryBlock, s.n - i0);
+    int64_t longest = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
+      longest = std::max(longest, w.len[r]);
+    }
+    if (longest > j0) backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
+  }
+  for (int64_t j = 0; j < kc; ++j) {
+    std::memcpy(a.dk + (b * s.m + j0 + j) * s.d, w.dk.data() + j * a.ldq, s.d * sizeof(T));
+    std::memcpy(a.dv + (b * s.m + j0 + j) * s.dv, w.dv.data() + j * a.ldv, s.dv * sizeof(T));
+  }
+}
+
+template <typename T>
+void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                    const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
+                    const at::TensorBase& dk, const at::TensorBase& dv) {
+  const Dims s = dims_of(q, v);
+  const int64_t m_pad = round_up_to_tile<T>(s.m);
+  const T *qd = q.data_ptr<T>(), *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
+  const T *od = out.data_ptr<T>(), *dod = dout.data_ptr<T>();
+  std::vector<T> kp(s.B * m_pad * s.d), vtp(s.B * m_pad * s.dv), delta(s.B * s.n);
+  at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.data() + b * m_pad * s.d);
+      pack_transposed(vd + b * s.m * s.dv, s.m, s.dv, vtp.data() + b * m_pad * s.dv);
+      for (int64_t i = b * s.n; i < (b + 1) * s.n; ++i) {
+        T sum = 0;
+        for (int64_t c = 0; c < s.dv; ++c) sum += dod[i * s.dv + c] * od[i * s.dv + c];
+        delta[i] = sum;
+      }
+    }
+  });
+  const Padded<T> qpad(qd, s.B * s.n, s.d), kpad(kd, s.B * s.m, s.d), dopad(dod, s.B * s.n, s.dv);
+  std::mutex dq_lock;
+  const BackwardArgs<T> args{s,
+                             qd,
+                             kp.data(),
+                             vtp.data(),
+                             dod,
+                             lse.data_ptr<T>(),
+                             delta.data(),
+                             qpad.data,
+                             kpad.data,
+                             dopad.data,
+                             qpad.ld,
+                             dopad.ld,
+                             row_lengths(lens, s.n),
+                             T(scale),
+                             dq.data_ptr<T>(),
+                             dk.data_ptr<T>(),
+                             dv.data_ptr<T>(),
+                             &dq_lock};
+  std::fill_n(args.dq, s.B * s.n * s.d, T(0));
+  std::fill_n(args.dk, s.B * s.m * s.d, T(0));
+  std::fill_n(args.dv, s.B * s.m * s.dv, T(0));
+  // Tasks: the key blocks of each batch entry below its longest length, at a
+  // cost of the rows and keys their query blocks visit.
+  std::vector<int64_t> task_b, task_j0, costs;
+  for (int64_t b = 0; b < s.B; ++b) {
+    std::vector<int64_t> block_longest;
+    for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
+      block_longest.push_back(longest_length(args.lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
+    }
+    const int64_t longest = *std::max_element(block_longest.begin(), block_longest.end());
+    for (int64_t j0 = 0; j0 < longest; j0 += kKeyBlock) {
+      int64_t cost = 16;
+      for (size_t qb = 0; qb < block_longest.size(); ++qb) {
+        cost += kQueryBlock * std::clamp<int64_t>(block_longest[qb] - j0, 0, kKeyBlock);
+      }
+      task_b.push_back(b);
+      task_j0.push_back(j0);
+      costs.push_back(cost);
+    }
+  }
+  std::vector<int64_t> batch_longest(s.B);
+  for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(args.lens, s, b, 0, s.n);
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = task_b[t], j0 = task_j0[t];
+      backward_block(args, scratch, b, j0, std::min(kKeyBlock, batch_longest[b] - j0));
+    }
+    flush_dq(args, scratch);
+  });
+}
+
+void backward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+              const at::TensorBase& lens, double scale, const at::TensorBase& out,
+              const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
+              const at::TensorBase& dk, const at::TensorBase& dv) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_backward", [&] {
+    backward_typed<scalar_t>(q, k, v, lens, scale, out, dout, lse, dq, dk, dv);
+  });
+}
+
+}  // namespace
+
+const DotProductAttentionKernels& dot_product_attention_kernels() {
+  static const DotProductAttentionKernels table{&forward, &backward};
+  return table;
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu

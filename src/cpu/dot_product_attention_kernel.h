@@ -1,0 +1,35 @@
+#pragma once
+
+// The flash dot-product attention's CPU kernels (dot_product_attention_kernel.cpp;
+// see Note [CPU kernels per instruction set] in dispatch.h).
+
+#include <ATen/core/TensorBase.h>
+
+#include "cpu/dispatch.h"
+
+namespace d2l::cpu {
+
+/// Shapes: q (B, n, d), k (B, m, d), v (B, m, dv), out and dout (B, n, dv),
+/// lse (B, n). Every tensor contiguous and of one dtype (float or double),
+/// except `lens`: int64, empty (every key valid), (B) or (B, n). Row i of
+/// batch entry b attends to its first L = min(lens, m) keys; keys past the
+/// longest length of a block of rows are never read (Note [Flash attention]).
+struct DotProductAttentionKernels {
+  /// out = softmax(scale · q kᵀ, masked) v, never holding more than a block
+  /// of scores; lse = log Σ exp(scale · q kᵀ) over the valid keys (the row's
+  /// log-normaliser, -inf for a row with no valid key, whose output is 0).
+  void (*forward)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                  const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                  const at::TensorBase& lse);
+  /// Gradients of forward with respect to q, k and v from dout, recomputing
+  /// the scores block by block. dq, dk and dv are overwritten; keys past every
+  /// row's length get zeros.
+  void (*backward)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                   const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                   const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
+                   const at::TensorBase& dk, const at::TensorBase& dv);
+};
+
+D2L_DECLARE_CPU_KERNELS(DotProductAttentionKernels, dot_product_attention_kernels)
+
+}  // namespace d2l::cpu

@@ -1,0 +1,129 @@
+#pragma once
+
+// Blocks, packing and work splitting shared by the flash dot-product kernel's
+// forward and backward (dot_product_attention_kernel.cpp, Note [Flash
+// attention]); included inside each instruction set's CPU_CAPABILITY
+// namespace.
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu/gemm-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+constexpr int64_t kQueryBlock = 32;
+// A multiple of every kTileCols (at most 32 floats with AVX-512).
+constexpr int64_t kKeyBlock = 256;
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Dims {
+  int64_t B, n, m, d, dv;
+};
+
+Dims dims_of(const at::TensorBase& q, const at::TensorBase& v) {
+  return {q.size(0), q.size(1), v.size(1), q.size(2), v.size(2)};
+}
+
+// Runs [bounds[r], bounds[r + 1]) of consecutive tasks, at most `parts` of
+// them, each of about the same total cost.
+std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t parts) {
+  double total = 0;
+  for (const int64_t c : costs) total += static_cast<double>(c);
+  std::vector<int64_t> bounds{0};
+  double done = 0;
+  for (size_t t = 0; t < costs.size(); ++t) {
+    done += static_cast<double>(costs[t]);
+    const auto run = static_cast<int64_t>(bounds.size());
+    if (run < parts && done >= total * static_cast<double>(run) / static_cast<double>(parts)) {
+      bounds.push_back(static_cast<int64_t>(t) + 1);
+    }
+  }
+  if (bounds.back() != static_cast<int64_t>(costs.size())) {
+    bounds.push_back(static_cast<int64_t>(costs.size()));
+  }
+  return bounds;
+}
+
+// body(first, last) for each run of tasks, one run per thread.
+template <typename F>
+void parallel_runs(const std::vector<int64_t>& costs, const F& body) {
+  if (costs.empty()) return;
+  const auto bounds = balanced_runs(costs, at::get_num_threads());
+  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) body(bounds[r], bounds[r + 1]);
+  });
+}
+
+// x (rows × cols) transposed into panels of W = kTileCols rows of x each:
+// panel p is a row-major (cols × W) block, zero past `rows`.
+template <typename T>
+void pack_transposed(const T* x, int64_t rows, int64_t cols, T* out) {
+  constexpr int64_t W = kTileCols<T>;
+  for (int64_t p = 0; p < div_up(rows, W); ++p) {
+    T* panel = out + p * cols * W;
+    for (int64_t w = 0; w < W; ++w) {
+      const int64_t r = p * W + w;
+      for (int64_t c = 0; c < cols; ++c) panel[c * W + w] = r < rows ? x[r * cols + c] : T(0);
+    }
+  }
+}
+
+// A (rows × cols) matrix with its rows padded to `ld` = whole tiles: x itself
+// when cols already is, else a zero-padded copy.
+template <typename T>
+struct Padded {
+  std::vector<T> storage;
+  const T* data;
+  int64_t ld;
+
+  Padded(const T* x, int64_t rows, int64_t cols) : data(x), ld(round_up_to_tile<T>(cols)) {
+    if (ld == cols) return;
+    storage.assign(rows * ld, T(0));
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(&storage[r * ld], x + r * cols, cols * sizeof(T));
+    data = storage.data();
+  }
+};
+
+// s[0:valid] = exp(scale·s - shift) and s[valid:kc] = 0; returns the sum.
+// Rows hold whole vectors up to kKeyBlock, so every load is a whole one.
+template <typename T>
+T exp_row(T* s, int64_t valid, int64_t kc, T scale, T shift) {
+  using V = Vectorized<T>;
+  const V vscale(scale), vshift(-shift);
+  V vsum(T(0));
+  int64_t j = 0;
+  for (; j + V::size() <= valid; j += V::size()) {
+    const V p = at::vec::fmadd(V::loadu(s + j), vscale, vshift).exp();
+    p.store(s + j);
+    vsum = vsum + p;
+  }
+  if (j < valid) {
+    const V p = V::set(V(T(0)), at::vec::fmadd(V::loadu(s + j), vscale, vshift).exp(), valid - j);
+    p.store(s + j);
+    vsum = vsum + p;
+    j += V::size();
+  }
+  if (j < kc) std::fill(s + j, s + kc, T(0));
+  return horizontal_sum(vsum);
+}
+
+// The longest valid length among rows [i0, i0 + rows) of batch entry b.
+int64_t longest_length(const RowLengths& lens, const Dims& s, int64_t b, int64_t i0, int64_t rows) {
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, lens.at(b * s.n + i0 + r, s.m));
+  return longest;
+}
+
+}  // namespace
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu

@@ -1,0 +1,236 @@
+// The flash dot-product kernel (Path::kFused or kAuto without weights, Note
+// [Flash attention]) against the composite (book) path: forward and backward
+// in every dtype, odd sizes around the register tiles and the query and key
+// blocks, non-contiguous inputs, zero-length rows, lengths above the key
+// count, non-finite padding, double backward, threads, and the modules that
+// choose it, under every instruction set this machine runs.
+
+#include <d2l/dot_product_attention.h>
+#include <d2l/multi_head_attention.h>
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "checks.h"
+#include "fused_helpers.h"
+#include "test_utils.h"
+
+namespace {
+
+using d2l::Path;
+using d2l::testing::DtypeTolerance;
+using d2l::testing::expect_close;
+using d2l::testing::kDtypes;
+using d2l::testing::max_rel_error;
+using d2l::testing::value_and_grads;
+
+class Flash : public d2l::testing::Fused {};
+
+torch::Tensor attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& lens, Path path) {
+  return std::get<0>(d2l::functional::dot_product_attention(qkv[0], qkv[1], qkv[2], lens, 0.0,
+                                                            false, path, /*need_weights=*/false));
+}
+
+// Value and q, k, v gradients of the flash path against the composite path.
+// In float and double both are compared in that dtype. In float16 and
+// bfloat16 the composite path rounds its scores and weights to the dtype
+// while the kernel accumulates in float, so both are compared with the
+// composite path in double: the kernel must be within the dtype's tolerance
+// of it, and no further from it than the composite path in that dtype is.
+void check_against_composite(const std::vector<torch::Tensor>& qkv, const torch::Tensor& lens,
+                             const DtypeTolerance& tol, const std::string& what) {
+  const auto upstream =
+      torch::randn({qkv[0].size(0), qkv[0].size(1), qkv[2].size(2)}, torch::kDouble);
+  auto run = [&](Path path, const std::vector<torch::Tensor>& in) {
+    return value_and_grads([&](const auto& x) { return attend(x, lens, path); }, in, upstream);
+  };
+  const auto flash = run(Path::kFused, qkv);
+  const auto composite = run(Path::kComposite, qkv);
+  const bool reduced = tol.dtype == torch::kHalf || tol.dtype == torch::kBFloat16;
+  if (!reduced) return expect_close(flash, composite, tol, what);
+  std::vector<torch::Tensor> qkv64;
+  for (const auto& t : qkv) qkv64.push_back(t.to(torch::kDouble));
+  const auto exact = run(Path::kComposite, qkv64);
+  for (size_t i = 0; i < flash.size(); ++i) {
+    EXPECT_EQ(flash[i].scalar_type(), tol.dtype) << what << " output " << i;
+    const double error = max_rel_error(flash[i], exact[i]);
+    EXPECT_LT(error, i == 0 ? tol.forward : tol.backward) << what << " output " << i;
+    EXPECT_LE(error, max_rel_error(composite[i], exact[i]) * 1.25 + 1e-3)
+        << what << " output " << i;
+  }
+}
+
+std::vector<DtypeTolerance> runnable_dtypes() {
+  std::vector<DtypeTolerance> dtypes;
+  for (const auto& tol : kDtypes) {
+    if (tol.dtype != torch::kHalf || d2l::detail::cpu_float16_matmul_available()) {
+      dtypes.push_back(tol);
+    }
+  }
+  return dtypes;
+}
+
+// Sizes around the register tile (8 or 16 floats, 4 or 8 doubles), the query
+// block (32) and the key block (256); every kind of lengths, with zeros and
+// lengths above m.
+TEST_P(Flash, MatchesCompositeForwardAndBackwardInEveryDtype) {
+  struct Case {
+    int64_t B, n, m, d, dv;
+  };
+  const std::vector<Case> cases = {{2, 1, 1, 1, 1},     {3, 5, 9, 7, 3},      {2, 33, 17, 16, 5},
+                                   {2, 31, 257, 9, 17}, {1, 65, 300, 64, 64}, {4, 32, 256, 32, 8},
+                                   {2, 40, 520, 12, 33}};
+  torch::manual_seed(21);
+  for (const auto& c : cases) {
+    const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
+    const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
+    const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
+    const std::vector<torch::Tensor> all_lens = {
+        torch::Tensor(), torch::randint(0, c.m + 3, {c.B}), torch::randint(0, c.m + 3, {c.B, c.n}),
+        torch::randint(1, c.m + 1, {c.B}).to(torch::kFloat)};
+    for (size_t l = 0; l < all_lens.size(); ++l) {
+      for (const auto& tol : runnable_dtypes()) {
+        const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{} {}", c.B, c.n, c.m, c.d,
+                                      c.dv, l, c10::toString(tol.dtype));
+        check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, all_lens[l],
+                                tol, what);
+      }
+    }
+  }
+}
+
+TEST_P(Flash, NonContiguousInputsMatchComposite) {
+  torch::manual_seed(22);
+  const auto q = torch::randn({20, 3, 40}, torch::kDouble).permute({1, 0, 2}).narrow(2, 0, 11);
+  const auto k = torch::randn({3, 11, 300}, torch::kDouble).transpose(1, 2);
+  const auto v = torch::randn({3, 300, 12}, torch::kDouble).narrow(2, 2, 6);
+  ASSERT_FALSE(q.is_contiguous() || k.is_contiguous() || v.is_contiguous());
+  const auto lens =
+      torch::tensor({{0, 5, 300, 299, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 400}})
+          .expand({3, 20});
+  check_against_composite({q, k, v}, lens, kDtypes[0], "non-contiguous, expanded lengths");
+}
+
+// Rows with no valid key give zeros and zero gradients; keys past every
+// length get zero gradients; inf and NaN stored in the padding never reach
+// an output or a gradient.
+TEST_P(Flash, ZeroLengthRowsAndNonFinitePaddingStayClean) {
+  torch::manual_seed(23);
+  const int64_t B = 3, n = 40, m = 300, d = 8;
+  auto q = torch::randn({B, n, d}), k = torch::randn({B, m, d}), v = torch::randn({B, m, 4});
+  const auto lens = torch::tensor({0, 37, 260});
+  const auto clean = value_and_grads([&](const auto& in) { return attend(in, lens, Path::kFused); },
+                                     {q, k, v}, torch::ones({B, n, 4}));
+  EXPECT_EQ(clean[0][0].abs().sum().item<float>(), 0);
+  EXPECT_EQ(clean[1][0].abs().sum().item<float>(), 0);
+  EXPECT_EQ(clean[2].narrow(1, 37, m - 37)[1].abs().sum().item<float>(), 0);
+  EXPECT_EQ(clean[3].narrow(1, 260, m - 260)[2].abs().sum().item<float>(), 0);
+  auto k_bad = k.clone(), v_bad = v.clone();
+  k_bad[1].narrow(0, 37, m - 37).fill_(std::numeric_limits<float>::infinity());
+  v_bad[1].narrow(0, 37, m - 37).fill_(std::numeric_limits<float>::quiet_NaN());
+  k_bad[2].narrow(0, 260, m - 260).fill_(std::numeric_limits<float>::quiet_NaN());
+  v_bad[2].narrow(0, 260, m - 260).fill_(-std::numeric_limits<float>::infinity());
+  const auto dirty = value_and_grads([&](const auto& in) { return attend(in, lens, Path::kFused); },
+                                     {q, k_bad, v_bad}, torch::ones({B, n, 4}));
+  for (size_t i = 0; i < clean.size(); ++i) {
+    EXPECT_TRUE(torch::equal(clean[i], dirty[i])) << "output " << i;
+  }
+}
+
+TEST_P(Flash, DoubleBackwardMatchesComposite) {
+  torch::manual_seed(24);
+  const auto q = torch::randn({2, 5, 6}, torch::kDouble),
+             k = torch::randn({2, 9, 6}, torch::kDouble);
+  const auto v = torch::randn({2, 9, 3}, torch::kDouble);
+  const auto lens = torch::tensor({{1, 0, 9, 12, 4}, {3, 3, 3, 3, 3}});
+  auto second_order = [&](Path path) {
+    std::vector<torch::Tensor> in{q.clone().requires_grad_(), k.clone().requires_grad_(),
+                                  v.clone().requires_grad_()};
+    const auto y = attend(in, lens, path);
+    const auto g = torch::autograd::grad({(y * y).sum()}, in, {}, true, true);
+    return torch::autograd::grad({g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()}, in);
+  };
+  const auto flash = second_order(Path::kFused), composite = second_order(Path::kComposite);
+  for (size_t i = 0; i < flash.size(); ++i) EXPECT_LT(max_rel_error(flash[i], composite[i]), 1e-11);
+}
+
+// Work is split by cost over threads, and dQ gathered from per-thread shares:
+// the same numbers at 1 and 2 threads, whichever thread takes which keys.
+TEST_P(Flash, SameNumbersAtOneAndTwoThreads) {
+  torch::manual_seed(25);
+  const auto q = torch::randn({3, 70, 16}, torch::kDouble),
+             k = torch::randn({3, 600, 16}, torch::kDouble);
+  const auto v = torch::randn({3, 600, 8}, torch::kDouble);
+  const auto lens = torch::tensor({600, 3, 257});
+  const int saved = at::get_num_threads();
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    runs.push_back(value_and_grads([&](const auto& in) { return attend(in, lens, Path::kFused); },
+                                   {q, k, v}, torch::ones({3, 70, 8}, torch::kDouble)));
+  }
+  at::set_num_threads(saved);
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_LT(max_rel_error(runs[0][i], runs[1][i]), 1e-13) << "output " << i;
+  }
+}
+
+// Without autograd (NoGradGuard, InferenceMode) the kernel runs directly;
+// the inputs are never modified.
+TEST_P(Flash, WithoutAutogradMatchesCompositeAndLeavesInputsAlone) {
+  torch::manual_seed(26);
+  const auto q = torch::randn({2, 33, 12}), k = torch::randn({2, 270, 12});
+  const auto v = torch::randn({2, 270, 5});
+  const auto q0 = q.clone(), k0 = k.clone(), v0 = v.clone();
+  const auto lens = torch::tensor({270, 100});
+  const auto expected = attend({q, k, v}, lens, Path::kComposite);
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_LT(max_rel_error(attend({q, k, v}, lens, Path::kFused), expected), 2e-6);
+  }
+  {
+    c10::InferenceMode inference;
+    EXPECT_LT(max_rel_error(attend({q, k, v}, lens, Path::kAuto), expected), 2e-6);
+  }
+  EXPECT_TRUE(torch::equal(q, q0) && torch::equal(k, k0) && torch::equal(v, v0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, Flash, ::testing::ValuesIn(d2l::testing::runnable_isas()),
+                         [](const auto& info) { return d2l::to_string(info.param); });
+
+// The modules take the flash kernel when they record no weights, with the
+// composite path's numbers; with weights they keep the fused softmax.
+TEST(FlashModules, DotProductAndMultiHeadWithoutWeightsMatchComposite) {
+  torch::manual_seed(27);
+  const auto q = torch::randn({2, 40, 8}), k = torch::randn({2, 300, 8}),
+             v = torch::randn({2, 300, 8});
+  const auto lens = torch::tensor({299, 3});
+  d2l::DotProductAttention flash(d2l::DotProductAttentionOptions().record_attention_weights(false));
+  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
+  EXPECT_LT(max_rel_error(flash(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
+  EXPECT_FALSE(flash->attention_weights.defined());
+
+  auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
+  d2l::MultiHeadAttention mha_flash(
+      d2l::MultiHeadAttentionOptions(options).record_attention_weights(false));
+  d2l::MultiHeadAttention mha_composite(
+      d2l::MultiHeadAttentionOptions(options).path(Path::kComposite));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : mha_flash->named_parameters()) {
+      p.value().copy_(mha_composite->named_parameters()[p.key()]);
+    }
+  }
+  const auto got =
+      value_and_grads([&](const auto& in) { return mha_flash(in[0], in[1], in[2], lens); },
+                      {q, k, v}, torch::ones({2, 40, 8}));
+  const auto want =
+      value_and_grads([&](const auto& in) { return mha_composite(in[0], in[1], in[2], lens); },
+                      {q, k, v}, torch::ones({2, 40, 8}));
+  expect_close(got, want, kDtypes[1], "multi-head");
+}
+
+}  // namespace
