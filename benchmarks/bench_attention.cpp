@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,9 +39,16 @@ struct Inputs {
   torch::Tensor scores, lens, queries, keys, values, upstream_scores, upstream_out;
 };
 
+// `sdpa<n>full`: an SDPA shape without masking (every key valid): no
+// lengths for us, no mask for SDPA.
+bool unmasked(const Shape& s) {
+  return s.name.size() > 4 && s.name.substr(s.name.size() - 4) == "full";
+}
+
 Inputs make_inputs(const Shape& s) {
   torch::manual_seed(0);
-  return {torch::randn({s.B, s.n, s.m}), torch::randint(1, s.m + 1, {s.B}),
+  const auto lens = unmasked(s) ? torch::Tensor() : torch::randint(1, s.m + 1, {s.B});
+  return {torch::randn({s.B, s.n, s.m}), lens,
           torch::randn({s.B, s.n, s.d}), torch::randn({s.B, s.m, s.d}),
           torch::randn({s.B, s.m, s.d}), torch::randn({s.B, s.n, s.m}),
           torch::randn({s.B, s.n, s.d})};
@@ -168,38 +176,52 @@ std::map<std::string, CaseFactory> floor_cases() {
 // LibTorch 2.x's scaled_dot_product_attention against our dot-product paths
 // without weights, on (BH, n = m, d = 64) with random valid lengths in
 // [1, m]. SDPA gets the equivalent boolean key-padding mask, as a user
-// calling it directly would give it. Shapes `sdpa128` ... `sdpa4096`.
+// calling it directly would give it. Shapes `sdpa128` ... `sdpa8192`, and
+// `sdpa128full` ... without masking.
 
-const std::vector<Shape> kSdpaShapes = {{"sdpa128", 32, 128, 128, 64, 0},
-                                        {"sdpa512", 8, 512, 512, 64, 0},
-                                        {"sdpa1024", 4, 1024, 1024, 64, 0},
-                                        {"sdpa2048", 4, 2048, 2048, 64, 0},
-                                        {"sdpa4096", 2, 4096, 4096, 64, 0}};
+const std::vector<Shape> kSdpaShapes = {
+    {"sdpa128", 32, 128, 128, 64, 0},   {"sdpa512", 8, 512, 512, 64, 0},
+    {"sdpa1024", 4, 1024, 1024, 64, 0}, {"sdpa2048", 4, 2048, 2048, 64, 0},
+    {"sdpa4096", 2, 4096, 4096, 64, 0}, {"sdpa8192", 1, 8192, 8192, 64, 0}};
 
-torch::Tensor dot_without_weights(const Inputs& in, const std::vector<torch::Tensor>& qkv,
-                                  d2l::Path path) {
+torch::Tensor dot_attention(const Inputs& in, const std::vector<torch::Tensor>& qkv, d2l::Path path,
+                            bool need_weights) {
   return std::get<0>(d2l::functional::dot_product_attention(qkv[0], qkv[1], qkv[2], in.lens, 0.0,
-                                                            false, path, /*need_weights=*/false));
+                                                            false, path, need_weights));
 }
 
 std::map<std::string, CaseFactory> sdpa_cases() {
   std::map<std::string, CaseFactory> c;
-  for (auto [name, path] : std::vector<std::pair<std::string, d2l::Path>>{
-           {"dot_fused_noweights", d2l::Path::kFused}, {"dot_auto_noweights", d2l::Path::kAuto}}) {
-    c[name + "_fwd"] = [path = path](const Shape&, const Inputs& in) {
+  // The flash kernel (kFused and kAuto without weights), and the path that
+  // computes the weights (bmm, fused masked softmax, bmm), what every
+  // call ran before the flash kernel.
+  struct Variant {
+    std::string name;
+    d2l::Path path;
+    bool need_weights;
+  };
+  for (const auto& [name, path, need_weights] :
+       std::vector<Variant>{{"dot_fused_noweights", d2l::Path::kFused, false},
+                            {"dot_fused_weights", d2l::Path::kFused, true}}) {
+    c[name + "_fwd"] = [path = path, need_weights = need_weights](const Shape&, const Inputs& in) {
       return forward_only([=] {
-        return dot_without_weights(in, {in.queries, in.keys, in.values}, path);
+        return dot_attention(in, {in.queries, in.keys, in.values}, path, need_weights);
       });
     };
-    c[name + "_fwdbwd"] = [path = path](const Shape&, const Inputs& in) {
-      return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
-                              [=](const auto& x) { return dot_without_weights(in, x, path); });
+    c[name + "_fwdbwd"] = [path = path, need_weights = need_weights](const Shape&,
+                                                                     const Inputs& in) {
+      return forward_backward(
+          {in.queries, in.keys, in.values}, in.upstream_out,
+          [=](const auto& x) { return dot_attention(in, x, path, need_weights); });
     };
   }
 #if D2L_HAS_SDPA
   auto sdpa = [](const Inputs& in, const std::vector<torch::Tensor>& x) {
-    const auto mask = (torch::arange(x[1].size(1)) < in.lens.view({-1, 1}))
-                          .view({x[1].size(0), 1, 1, x[1].size(1)});
+    std::optional<torch::Tensor> mask;
+    if (in.lens.defined()) {
+      mask = (torch::arange(x[1].size(1)) < in.lens.view({-1, 1}))
+                 .view({x[1].size(0), 1, 1, x[1].size(1)});
+    }
     return at::scaled_dot_product_attention(x[0].unsqueeze(1), x[1].unsqueeze(1), x[2].unsqueeze(1),
                                             mask)
         .squeeze(1);
@@ -295,14 +317,18 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (const auto& shape : kSdpaShapes) {
-    if (std::find(config.shapes.begin(), config.shapes.end(), shape.name) == config.shapes.end()) {
-      continue;
-    }
-    for (int threads : config.threads) {
-      for (const auto& [name, factory] : sdpa_cases()) {
-        register_case(fmt::format("{}/{}/threads:{}", name, shape.name, threads), shape, threads,
-                      factory, config.memory);
+  for (const auto& masked : kSdpaShapes) {
+    for (auto shape :
+         {masked, Shape{masked.name + "full", masked.B, masked.n, masked.m, masked.d, 0}}) {
+      if (std::find(config.shapes.begin(), config.shapes.end(), shape.name) ==
+          config.shapes.end()) {
+        continue;
+      }
+      for (int threads : config.threads) {
+        for (const auto& [name, factory] : sdpa_cases()) {
+          register_case(fmt::format("{}/{}/threads:{}", name, shape.name, threads), shape, threads,
+                        factory, config.memory);
+        }
       }
     }
   }

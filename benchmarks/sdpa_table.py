@@ -4,7 +4,8 @@
     python3 benchmarks/sdpa_table.py build-torch2/bench-sdpa-threads1.json [more.json ...]
 
 Reads Google Benchmark JSON from bench_attention's `sdpa*` shapes (names
-`<case>/<shape>/threads:<N>`, cases dot_fused_noweights_*, dot_auto_noweights_*, sdpa_*), takes the
+`<case>/<shape>/threads:<N>`, cases dot_fused_noweights_* (the flash kernel), dot_fused_weights_*
+(bmm + fused masked softmax + bmm) and sdpa_*), takes the
 median aggregate (or the median of the iteration rows), and prints per shape and thread count the
 medians and the ratios against SDPA measured in the same process. Standard library only.
 """
@@ -15,7 +16,7 @@ import sys
 from collections import defaultdict
 
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-CASES = ["dot_fused_noweights", "dot_auto_noweights", "sdpa"]
+CASES = ["dot_fused_noweights", "sdpa", "dot_fused_weights"]
 
 
 def read(paths):
@@ -53,25 +54,29 @@ def fmt_bytes(b):
 
 def main(paths):
     medians, peaks = read(paths)
-    shapes = sorted({k[1] for k in medians}, key=lambda s: int(s[4:]))
+    shapes = sorted({k[1] for k in medians},
+                    key=lambda s: (s.endswith("full"), int(s[4:].removesuffix("full"))))
     threads = sorted({k[2] for k in medians})
-    print("| threads | shape | pass | fused (no weights) | kAuto | SDPA | fused / SDPA | kAuto / SDPA "
-          "| peak Δ fused | peak Δ SDPA |")
+    print("| threads | shape | pass | flash | SDPA | flash / SDPA | bmm + softmax | "
+          "speed-up over it | peak Δ flash | peak Δ SDPA |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for t in threads:
         for shape in shapes:
             for pass_ in ("fwd", "fwdbwd"):
                 get = lambda case: medians.get((f"{case}_{pass_}", shape, t))
-                fused, auto, sdpa = (get(c) for c in CASES)
-                if fused is None or sdpa is None:
+                flash, sdpa, softmax = (get(c) for c in CASES)
+                if flash is None:
                     continue
                 peak = lambda case: peaks.get((f"{case}_{pass_}", shape, t))
                 pf, ps = peak("dot_fused_noweights"), peak("sdpa")
-                print(f"| {t} | {shape} | {pass_} | {fmt_time(fused)} | "
-                      f"{fmt_time(auto) if auto else '—'} | {fmt_time(sdpa)} | {fused / sdpa:.2f}× | "
-                      f"{(auto / sdpa) if auto else float('nan'):.2f}× | "
-                      f"{fmt_bytes(pf) if pf is not None else '—'} | "
-                      f"{fmt_bytes(ps) if ps is not None else '—'} |")
+                cells = [str(t), shape, pass_, fmt_time(flash),
+                         fmt_time(sdpa) if sdpa else "—",
+                         f"{flash / sdpa:.2f}×" if sdpa else "—",
+                         fmt_time(softmax) if softmax else "—",
+                         f"{softmax / flash:.2f}×" if softmax else "—",
+                         fmt_bytes(pf) if pf is not None else "—",
+                         fmt_bytes(ps) if ps is not None else "—"]
+                print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
-constexpr int64_t kQueryBlock = 32;
+constexpr int64_t kQueryBlock = 48;  // a multiple of kTileRows
 // A multiple of every kTileCols (at most 32 floats with AVX-512).
 constexpr int64_t kKeyBlock = 256;
 

@@ -31,7 +31,7 @@ template <typename T>
 constexpr int64_t kTileCols = 2 * at::vec::Vectorized<T>::size();
 
 /// Rows of one register tile: 6 × 2 accumulators, 2 loads of B and a
-/// broadcast of A fill AVX2's 16 vector registers.
+/// broadcast of A fill AVX2's 16 vector registers (gemm_tile).
 constexpr int64_t kTileRows = 6;
 
 template <typename T>
@@ -39,55 +39,79 @@ constexpr int64_t round_up_to_tile(int64_t x) {
   return (x + kTileCols<T> - 1) / kTileCols<T> * kTileCols<T>;
 }
 
-// C[0:R, 0:tile] (= or +=) A[0:R, 0:K] · B[0:K, 0:tile].
-template <typename T, int R>
-inline void gemm_tile(int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-                      int64_t ldc, bool accumulate) {
+// C[0:6, 0:tile] (= or +=) A[0:6, 0:K] · B[0:K, 0:tile], with the six rows of
+// A and C given as pointers: a block with fewer rows points the missing ones
+// at a real row of A and at a scratch row of C. The twelve accumulators are
+// named variables, not an array: GCC keeps an array of Vectorized in
+// registers with one LibTorch's headers and spills it to the stack on every
+// iteration with another's (measured: 2× slower on 2.11).
+template <typename T>
+inline void gemm_tile(int64_t K, const T* const* a, const T* B, int64_t ldb, T* const* c,
+                      bool accumulate) {
   using V = at::vec::Vectorized<T>;
-  V c0[R], c1[R];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-    c0[r] = accumulate ? V::loadu(C + r * ldc) : V(T(0));
-    c1[r] = accumulate ? V::loadu(C + r * ldc + V::size()) : V(T(0));
-  }
+  constexpr int64_t S = V::size();
+  auto init = [&](int r, int half) {
+    return accumulate ? V::loadu(c[r] + half * S) : V(T(0));
+  };
+  V c00 = init(0, 0), c01 = init(0, 1), c10 = init(1, 0), c11 = init(1, 1);
+  V c20 = init(2, 0), c21 = init(2, 1), c30 = init(3, 0), c31 = init(3, 1);
+  V c40 = init(4, 0), c41 = init(4, 1), c50 = init(5, 0), c51 = init(5, 1);
+  const T *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
   for (int64_t k = 0; k < K; ++k) {
     const V b0 = V::loadu(B + k * ldb);
-    const V b1 = V::loadu(B + k * ldb + V::size());
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const V a(A[r * lda + k]);
-      c0[r] = at::vec::fmadd(a, b0, c0[r]);
-      c1[r] = at::vec::fmadd(a, b1, c1[r]);
-    }
+    const V b1 = V::loadu(B + k * ldb + S);
+    V x(a0[k]);
+    c00 = at::vec::fmadd(x, b0, c00);
+    c01 = at::vec::fmadd(x, b1, c01);
+    x = V(a1[k]);
+    c10 = at::vec::fmadd(x, b0, c10);
+    c11 = at::vec::fmadd(x, b1, c11);
+    x = V(a2[k]);
+    c20 = at::vec::fmadd(x, b0, c20);
+    c21 = at::vec::fmadd(x, b1, c21);
+    x = V(a3[k]);
+    c30 = at::vec::fmadd(x, b0, c30);
+    c31 = at::vec::fmadd(x, b1, c31);
+    x = V(a4[k]);
+    c40 = at::vec::fmadd(x, b0, c40);
+    c41 = at::vec::fmadd(x, b1, c41);
+    x = V(a5[k]);
+    c50 = at::vec::fmadd(x, b0, c50);
+    c51 = at::vec::fmadd(x, b1, c51);
   }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-    c0[r].store(C + r * ldc);
-    c1[r].store(C + r * ldc + V::size());
-  }
+  c00.store(c[0]);
+  c01.store(c[0] + S);
+  c10.store(c[1]);
+  c11.store(c[1] + S);
+  c20.store(c[2]);
+  c21.store(c[2] + S);
+  c30.store(c[3]);
+  c31.store(c[3] + S);
+  c40.store(c[4]);
+  c41.store(c[4] + S);
+  c50.store(c[5]);
+  c51.store(c[5] + S);
 }
 
 /// C[0:rows, 0:tiles·kTileCols] (= or +=) A[0:rows, 0:K] · B (layout above).
 template <typename T>
-void gemm(int64_t rows, int64_t tiles, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-          int64_t b_tile_stride, T* C, int64_t ldc, bool accumulate) {
+void gemm(int64_t rows, int64_t tiles, int64_t K, const T* A, int64_t lda, const T* B,
+          int64_t ldb, int64_t b_tile_stride, T* C, int64_t ldc, bool accumulate) {
   constexpr int64_t W = kTileCols<T>;
+  // Where the missing rows of a last, partial block of rows write.
+  alignas(64) T spare[kTileRows][W];
+  const T* a[kTileRows];
+  T* c[kTileRows];
+  // Column tiles outer: one tile of B stays in L1 for every block of rows.
   for (int64_t t = 0; t < tiles; ++t) {
-    const T* Bt = B + t * b_tile_stride;
-    T* Ct = C + t * W;
-    int64_t r = 0;
-    for (; r + kTileRows <= rows; r += kTileRows) {
-      gemm_tile<T, kTileRows>(K, A + r * lda, lda, Bt, ldb, Ct + r * ldc, ldc, accumulate);
-    }
-    const T* Ar = A + r * lda;
-    T* Cr = Ct + r * ldc;
-    switch (rows - r) {
-      case 5: gemm_tile<T, 5>(K, Ar, lda, Bt, ldb, Cr, ldc, accumulate); break;
-      case 4: gemm_tile<T, 4>(K, Ar, lda, Bt, ldb, Cr, ldc, accumulate); break;
-      case 3: gemm_tile<T, 3>(K, Ar, lda, Bt, ldb, Cr, ldc, accumulate); break;
-      case 2: gemm_tile<T, 2>(K, Ar, lda, Bt, ldb, Cr, ldc, accumulate); break;
-      case 1: gemm_tile<T, 1>(K, Ar, lda, Bt, ldb, Cr, ldc, accumulate); break;
-      default: break;
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const bool real = r0 + r < rows;
+        a[r] = A + (real ? r0 + r : r0) * lda;
+        c[r] = real ? C + (r0 + r) * ldc + t * W : spare[r];
+        if (!real && accumulate) std::fill(spare[r], spare[r] + W, T(0));
+      }
+      gemm_tile<T>(K, a, B + t * b_tile_stride, ldb, c, accumulate);
     }
   }
 }
