@@ -23,7 +23,7 @@ namespace {
 using d2l::Path;
 using d2l::testing::DtypeTolerance;
 using d2l::testing::expect_close;
-using d2l::testing::kDtypes;
+using d2l::testing::kFastPathDtypes;
 using d2l::testing::max_rel_error;
 using d2l::testing::value_and_grads;
 
@@ -65,7 +65,7 @@ void check_against_composite(const std::vector<torch::Tensor>& qkv, const torch:
 
 std::vector<DtypeTolerance> runnable_dtypes() {
   std::vector<DtypeTolerance> dtypes;
-  for (const auto& tol : kDtypes) {
+  for (const auto& tol : kFastPathDtypes) {
     if (tol.dtype != torch::kHalf || d2l::detail::cpu_float16_matmul_available()) {
       dtypes.push_back(tol);
     }
@@ -111,7 +111,7 @@ TEST_P(Flash, NonContiguousInputsMatchComposite) {
   const auto lens =
       torch::tensor({{0, 5, 300, 299, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 400}})
           .expand({3, 20});
-  check_against_composite({q, k, v}, lens, kDtypes[0], "non-contiguous, expanded lengths");
+  check_against_composite({q, k, v}, lens, kFastPathDtypes[0], "non-contiguous, expanded lengths");
 }
 
 // Rows with no valid key give zeros and zero gradients; keys past every
@@ -230,7 +230,7 @@ TEST(FlashModules, DotProductAndMultiHeadWithoutWeightsMatchComposite) {
   const auto want =
       value_and_grads([&](const auto& in) { return mha_composite(in[0], in[1], in[2], lens); },
                       {q, k, v}, torch::ones({2, 40, 8}));
-  expect_close(got, want, kDtypes[1], "multi-head");
+  expect_close(got, want, kFastPathDtypes[1], "multi-head");
 }
 
 }  // namespace

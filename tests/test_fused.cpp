@@ -30,11 +30,11 @@ using d2l::testing::masked_softmax_by;
 using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
 
+using d2l::testing::DtypeTolerance;
 using d2l::testing::expect_close;
 using d2l::testing::Fused;
-using d2l::testing::kDtypes;
+using d2l::testing::kFastPathDtypes;
 using d2l::testing::runnable_isas;
-using d2l::testing::DtypeTolerance;
 using d2l::testing::value_and_grads;
 
 TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
@@ -43,7 +43,7 @@ TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
     const auto X64 = torch::randn({3, 5, m}, torch::kDouble) * 3;
     const auto lens = torch::randint(0, m + 3, {3, 5});
     const auto G = torch::randn({3, 5, m}, torch::kDouble);
-    for (const auto& tol : kDtypes) {
+    for (const auto& tol : kFastPathDtypes) {
       const auto X = X64.to(tol.dtype);
       auto run = [&](auto fn) {
         return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
@@ -62,7 +62,7 @@ TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
     return value_and_grads([&](const auto& in) { return fn(in[0], lens); }, {X}, G);
   };
   expect_close(run(masked_softmax_by(Path::kFused)), run(masked_softmax_by(Path::kComposite)),
-               kDtypes[0], "non-contiguous");
+               kFastPathDtypes[0], "non-contiguous");
 }
 
 TEST_P(Fused, MaskedSoftmaxDoubleBackwardMatchesComposite) {
@@ -121,7 +121,7 @@ void check_additive(int64_t B, int64_t n, int64_t m, int64_t h, const torch::Ten
 
 TEST_P(Fused, AdditiveMatchesCompositeAcrossShapesAndDtypes) {
   torch::manual_seed(12);
-  for (const auto& tol : kDtypes) {
+  for (const auto& tol : kFastPathDtypes) {
     for (auto [n, m, h] : {std::tuple{1, 10, 8}, {3, 7, 5}, {4, 9, 16}, {2, 17, 3}, {5, 33, 9}}) {
       check_additive(2, n, m, h, torch::randint(0, m + 2, {2, n}), tol);
     }
@@ -157,7 +157,7 @@ TEST_P(Fused, AdditiveModuleImplsAgreeIncludingNonContiguousInputs) {
 
 TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
   torch::manual_seed(14);
-  for (const auto& tol : {kDtypes[0], kDtypes[1]}) {
+  for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
     const auto q = torch::randn({2, 5, 7}).to(tol.dtype), k = torch::randn({2, 9, 7}).to(tol.dtype);
     const auto v = torch::randn({2, 9, 3}).to(tol.dtype);
     const auto lens = torch::tensor({{1, 0, 9, 12, 4}, {3, 3, 3, 3, 3}});
@@ -181,7 +181,7 @@ TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
 // every kind of lengths and odd key counts, and the inputs stay untouched.
 TEST_P(Fused, DotProductWithoutAutogradMatchesComposite) {
   torch::manual_seed(16);
-  for (const auto& tol : {kDtypes[0], kDtypes[1]}) {
+  for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
     for (int64_t m : {1, 7, 9, 17}) {
       const auto q = torch::randn({3, 4, 5}).to(tol.dtype),
                  k = torch::randn({3, m, 5}).to(tol.dtype);
@@ -272,7 +272,7 @@ TEST(FusedKernels, ChunkedScoresMatchCompositeAcrossManyChunks) {
         return d2l::functional::additive_scores(in[0], in[1], in[2], Path::kComposite);
       },
       {q, k, w}, G);
-  expect_close(chunked, composite, kDtypes[0], "chunked");
+  expect_close(chunked, composite, kFastPathDtypes[0], "chunked");
 }
 
 TEST(FusedKernels, FusedAdditiveRefusesDoubleBackwardClearly) {
