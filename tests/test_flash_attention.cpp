@@ -12,6 +12,7 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "checks.h"
@@ -50,7 +51,14 @@ void check_against_composite(const std::vector<torch::Tensor>& qkv, const torch:
   const auto flash = run(Path::kFused, qkv);
   const auto composite = run(Path::kComposite, qkv);
   const bool reduced = tol.dtype == torch::kHalf || tol.dtype == torch::kBFloat16;
-  if (!reduced) return expect_close(flash, composite, tol, what);
+  if (!reduced) {
+    // Sums over hundreds of keys, in another order than bmm's: in float the
+    // two paths differ by a few times the softmax's 2e-6.
+    const DtypeTolerance sums{tol.dtype,
+                              std::max(tol.forward, tol.dtype == torch::kFloat ? 1e-5 : 0.0),
+                              std::max(tol.backward, tol.dtype == torch::kFloat ? 2e-5 : 0.0)};
+    return expect_close(flash, composite, sums, what);
+  }
   std::vector<torch::Tensor> qkv64;
   for (const auto& t : qkv) qkv64.push_back(t.to(torch::kDouble));
   const auto exact = run(Path::kComposite, qkv64);
@@ -58,7 +66,9 @@ void check_against_composite(const std::vector<torch::Tensor>& qkv, const torch:
     EXPECT_EQ(flash[i].scalar_type(), tol.dtype) << what << " output " << i;
     const double error = max_rel_error(flash[i], exact[i]);
     EXPECT_LT(error, i == 0 ? tol.forward : tol.backward) << what << " output " << i;
-    EXPECT_LE(error, max_rel_error(composite[i], exact[i]) * 1.25 + 1e-3)
+    // Two roundings of the dtype (2⁻⁸ for bfloat16, 2⁻¹¹ for float16) of slack.
+    const double rounding = tol.dtype == torch::kBFloat16 ? 0x1p-7 : 0x1p-10;
+    EXPECT_LE(error, max_rel_error(composite[i], exact[i]) * 1.25 + rounding)
         << what << " output " << i;
   }
 }
