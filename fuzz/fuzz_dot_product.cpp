@@ -17,22 +17,27 @@ void fuzz_dot_product_functional(Bytes& in) {
   const bool training = in.flag();
   const auto path = in.pick(kPaths);
   const auto grad_mode = pick_grad_mode(in);
+  // Without weights (and training dropout) the CPU paths run the flash kernel.
+  const bool need_weights = in.flag();
   current.description = "dot_product_attention dropout=" + std::to_string(dropout) +
                         " training=" + std::to_string(training) +
                         " path=" + std::to_string(static_cast<int>(path)) +
-                        " grad_mode=" + std::to_string(static_cast<int>(grad_mode));
+                        " grad_mode=" + std::to_string(static_cast<int>(grad_mode)) +
+                        " need_weights=" + std::to_string(need_weights);
   torch::Tensor out, weights;
   {
     GradModeScope scope(grad_mode);
-    std::tie(out, weights) = d2l::functional::dot_product_attention(
-        a.queries.value, a.keys.value, a.values.value, a.lens, dropout, training, path);
+    std::tie(out, weights) =
+        d2l::functional::dot_product_attention(a.queries.value, a.keys.value, a.values.value,
+                                               a.lens, dropout, training, path, need_weights);
   }
   note("out", out);
   note("weights", weights);
   const int64_t B = a.queries.value.size(0), n = a.queries.value.size(1), m = a.keys.value.size(1);
   FUZZ_CHECK(out.sizes() == torch::IntArrayRef({B, n, a.values.value.size(2)}),
              "dot_product_attention output has the wrong shape");
-  check_weights(weights, valid_mask(a.lens, B, n, m), a.tame_inputs);
+  FUZZ_CHECK(weights.defined() == need_weights, "weights returned exactly when asked for");
+  if (need_weights) check_weights(weights, valid_mask(a.lens, B, n, m), a.tame_inputs);
   if (a.tame_inputs) FUZZ_CHECK(all_finite(out), "output not finite for finite inputs");
   check_backward(out, {a.queries.leaf, a.keys.leaf, a.values.leaf}, a.tame_inputs, in);
 }
