@@ -9,36 +9,10 @@
 #include "xml_helpers.h"
 
 namespace d2l_fuzz {
-namespace {
-
-using Limits = std::numeric_limits<double>;
-
-const std::vector<double> kSpecialDoubles = {kNaN,
-                                             kInf,
-                                             -kInf,
-                                             0.0,
-                                             -0.0,
-                                             Limits::denorm_min(),
-                                             -Limits::denorm_min(),
-                                             Limits::min(),
-                                             Limits::max(),
-                                             Limits::lowest(),
-                                             1e308,
-                                             -1e308,
-                                             1e300,
-                                             1e-300,
-                                             1e-310,
-                                             1.0,
-                                             -1.0,
-                                             1e17,
-                                             0.5,
-                                             3.0};
-
-}  // namespace
 
 double some_double(Bytes& in) {
   switch (in.below(4)) {
-    case 0: return in.pick(kSpecialDoubles);
+    case 0: return in.pick(d2l::testing::hostile_doubles());
     case 1: {
       uint64_t bits = 0;
       for (int k = 0; k < 8; ++k) bits |= uint64_t{in.byte()} << (8 * k);
@@ -48,7 +22,7 @@ double some_double(Bytes& in) {
     }
     case 2: return static_cast<double>(in.below(256)) - 128;
     default: {
-      double v = in.pick(kSpecialDoubles);
+      double v = in.pick(d2l::testing::hostile_doubles());
       const double toward = in.flag() ? kInf : -kInf;
       for (int64_t k = 0, n = in.below(4); k < n; ++k) v = std::nextafter(v, toward);
       return v;

@@ -29,32 +29,6 @@ constexpr double kNaN = Limits::quiet_NaN();
 constexpr double kInf = Limits::infinity();
 constexpr double kEps = Limits::epsilon();
 
-// Doubles that break naive range arithmetic: non-finite, subnormal, at the
-// ends of the doubles, and pairs equal up to rounding.
-const std::vector<double> kHostileDoubles = {kNaN,
-                                             kInf,
-                                             -kInf,
-                                             0.0,
-                                             -0.0,
-                                             Limits::denorm_min(),
-                                             -Limits::denorm_min(),
-                                             Limits::min(),
-                                             Limits::max(),
-                                             Limits::lowest(),
-                                             1e308,
-                                             -1e308,
-                                             1e300,
-                                             -1e300,
-                                             1e-300,
-                                             1e-310,
-                                             1.0,
-                                             1 + kEps,
-                                             1 - kEps / 2,
-                                             1e17,
-                                             1e17 + 16,
-                                             -1e20,
-                                             3.0};
-
 // Byte strings that are not valid UTF-8 or not allowed in XML 1.0, and
 // characters XML needs escaped.
 const std::vector<std::string> kHostileText = {"\xff",         "\xc3",
@@ -110,8 +84,8 @@ TEST(XmlEscape, ReplacesWhatXmlOrUtf8ForbidsAndEscapesTheRest) {
 }
 
 TEST(SvgHostile, PlotDrawsEveryPairOfHostileDoubles) {
-  for (const double a : kHostileDoubles) {
-    for (const double b : kHostileDoubles) {
+  for (const double a : d2l::testing::hostile_doubles()) {
+    for (const double b : d2l::testing::hostile_doubles()) {
       const std::vector<std::vector<double>> ys = {{a, b}, {a, b, a}, {a, a}, {b, 2.0, a}};
       for (const auto& y : ys) {
         std::vector<double> x(y.size());
@@ -266,8 +240,8 @@ TEST(SvgHostile, PlotTextFromAnyBytesIsValidUtf8) {
 }
 
 TEST(SvgHostile, HeatmapDrawsEveryPairOfHostileDoubles) {
-  for (const double a : kHostileDoubles) {
-    for (const double b : kHostileDoubles) {
+  for (const double a : d2l::testing::hostile_doubles()) {
+    for (const double b : d2l::testing::hostile_doubles()) {
       const auto m = torch::tensor({a, b, a, 0.5}, torch::kDouble).reshape({1, 1, 2, 2});
       const auto what = describe({a, b});
       std::string svg, ansi;

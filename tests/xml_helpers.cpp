@@ -8,6 +8,7 @@
 #include <libxml/tree.h>
 
 #include <cctype>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -130,6 +131,37 @@ std::string svg_problem(std::string_view svg) {
     return "a non-finite number: " + problem;
   }
   return "";
+}
+
+const std::vector<double>& hostile_doubles() {
+  using Limits = std::numeric_limits<double>;
+  constexpr double kEps = Limits::epsilon();
+  static const std::vector<double> doubles = {Limits::quiet_NaN(),
+                                              Limits::infinity(),
+                                              -Limits::infinity(),
+                                              0.0,
+                                              -0.0,
+                                              Limits::denorm_min(),
+                                              -Limits::denorm_min(),
+                                              Limits::min(),
+                                              Limits::max(),
+                                              Limits::lowest(),
+                                              1e308,
+                                              -1e308,
+                                              1e300,
+                                              -1e300,
+                                              1e-300,
+                                              1e-310,
+                                              1.0,
+                                              -1.0,
+                                              1 + kEps,
+                                              1 - kEps / 2,
+                                              1e17,
+                                              1e17 + 16,
+                                              -1e20,
+                                              0.5,
+                                              3.0};
+  return doubles;
 }
 
 }  // namespace d2l::testing

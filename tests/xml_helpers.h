@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace d2l::testing {
 
@@ -26,5 +27,11 @@ std::string non_finite_problem(std::string_view text);
 /// elements of class title, xlabel, ylabel, label and entry) is checked as
 /// XML and UTF-8 only, since a user may well write "inf". Else what is wrong.
 std::string svg_problem(std::string_view svg);
+
+/// Doubles that break naive range arithmetic in a writer: non-finite,
+/// signed zeros, subnormal, at the ends of the doubles, far from zero, and
+/// pairs equal up to rounding. The hostile-input tests take every pair; the
+/// fuzzer picks from them.
+const std::vector<double>& hostile_doubles();
 
 }  // namespace d2l::testing
