@@ -11,12 +11,15 @@ enum class Path {
   /// The fastest correct path for the inputs (README, "Choosing a path"):
   /// the fused kernels on the CPU, the composite path elsewhere (CUDA:
   /// composite softmax, chunked additive scores); for dot-product attention
-  /// that returns no weights, LibTorch's scaled_dot_product_attention on
-  /// CUDA, and on the CPU without autograd for long key sequences (2.1+).
+  /// that returns no weights (and draws no training dropout), the flash
+  /// kernel on the CPU and LibTorch's scaled_dot_product_attention on CUDA
+  /// (2.1+).
   kAuto,
   /// The book's formulation with ATen ops: the readable oracle.
   kComposite,
-  /// The fused CPU kernels; an error for tensors on another device.
+  /// The fused CPU kernels; an error for tensors on another device. For
+  /// dot-product attention without weights and training dropout, the flash
+  /// kernel.
   kFused,
   /// Dot-product attention only: LibTorch's at::scaled_dot_product_attention
   /// (flash / memory-efficient / cuDNN on CUDA, flash on the CPU), with the

@@ -21,7 +21,7 @@ struct DotProductAttentionOptions {
   TORCH_ARG(Path, path) = Path::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
   /// turn off in inference servers to save the memory and the lock. Off,
-  /// Path::kAuto may run LibTorch's scaled_dot_product_attention (Path).
+  /// Path::kAuto runs the flash kernel on the CPU (SDPA on CUDA) (Path).
   TORCH_ARG(bool, record_attention_weights) = true;
 
   D2L_DEPRECATED_IMPL_OPTION(DotProductAttentionOptions)
@@ -32,7 +32,7 @@ namespace functional {
 /// `valid_lens` ((batch) or (batch, queries)). Returns (output, attention_weights);
 /// the weights are those before dropout, as the book stores them. With
 /// `need_weights` false the weights are undefined, and Path::kAuto may run
-/// LibTorch's scaled_dot_product_attention (Path).
+/// the flash kernel on the CPU and LibTorch's SDPA on CUDA (Path).
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,

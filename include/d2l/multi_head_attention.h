@@ -72,7 +72,7 @@ struct MultiHeadAttentionFuncOptions {
   TORCH_ARG(bool, training) = false;
   /// Path of the per-head dot-product attention.
   TORCH_ARG(Path, path) = Path::kAuto;
-  /// Whether to return the per-head weights (off, Path::kAuto may run SDPA).
+  /// Whether to return the per-head weights (off, Path::kAuto runs the flash kernel on the CPU, SDPA on CUDA).
   TORCH_ARG(bool, need_weights) = true;
 };
 
