@@ -100,8 +100,8 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
       return {detail::sdpa_attention(queries, keys, values, valid_lens, training ? dropout : 0.0),
               torch::Tensor()};
     case detail::DotProductPath::kFlash:
-      return {detail::flash_attention(queries, keys, values, valid_lens, 1.0 / sqrt_d),
-              torch::Tensor()};
+      return detail::flash_attention(queries, keys, values, valid_lens, 1.0 / sqrt_d,
+                                     need_weights);
     default: break;
   }
   auto qk = torch::bmm(queries, keys.transpose(1, 2));

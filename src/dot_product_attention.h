@@ -7,15 +7,21 @@
 
 #include <torch/types.h>
 
+#include <tuple>
+
 namespace d2l::detail {
 
-/// softmax(scale · Q Kᵀ, masked by valid_lens) V by the flash CPU kernel
-/// (Note [Flash attention]): no attention weights, no (B, n, m) tensor.
-/// Autograd-aware; its backward is the kernel's, or differentiable ATen ops
-/// when a double backward is being recorded. Tensors on the CPU, non-empty,
+/// {softmax(scale · Q Kᵀ, masked by valid_lens) V, weights} by the flash CPU
+/// kernel (Note [Flash attention]). Without need_weights the weights are
+/// undefined and no (B, n, m) tensor is made; with it they are the one.
+/// Autograd-aware; its backward is the kernel's, or ATen ops from the saved
+/// weights when a gradient reaches them, or differentiable ATen ops when a
+/// double backward is being recorded. Tensors on the CPU, non-empty,
 /// already checked.
-torch::Tensor flash_attention(const torch::Tensor& queries, const torch::Tensor& keys,
-                              const torch::Tensor& values, const torch::Tensor& valid_lens,
-                              double scale);
+std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& queries,
+                                                         const torch::Tensor& keys,
+                                                         const torch::Tensor& values,
+                                                         const torch::Tensor& valid_lens,
+                                                         double scale, bool need_weights);
 
 }  // namespace d2l::detail

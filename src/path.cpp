@@ -41,16 +41,17 @@ bool use_fused(const char* fn, Path path, const c10::Device& device) {
   return path != Path::kComposite && device.is_cpu();
 }
 
-// Path::kAuto runs dot-product attention that returns no weights and draws no
-// dropout with the flash kernel on the CPU: it skips the padding that valid
-// lengths mark and never builds the (B, n, m) scores (README, "Choosing a
-// path", and `make bench-sdpa`); on CUDA it runs LibTorch's SDPA (2.1+).
+// Path::kAuto runs dot-product attention that draws no dropout with the flash
+// kernel on the CPU: it skips the padding that valid lengths mark, never
+// builds the (B, n, m) scores when no weights are asked, and calls no BLAS,
+// whose own thread pool fights OpenMP's (README, "Choosing a path", and
+// `make bench-sdpa`). On CUDA, without weights, it runs LibTorch's SDPA (2.1+).
 DotProductPath choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
                                        const torch::Tensor& keys, const torch::Tensor& values,
                                        double dropout, bool training, bool need_weights) {
-  // Empty sizes take the softmax paths, which keep the autograd graph.
-  const bool no_weights =
-      !need_weights && !(training && dropout > 0) && non_empty(queries, keys, values);
+  // Empty sizes take the softmax paths, which keep the autograd graph; the
+  // flash kernel draws no dropout.
+  const bool flash_eligible = !(training && dropout > 0) && non_empty(queries, keys, values);
   if (path == Path::kSdpa) {
     TORCH_CHECK(D2L_HAS_SDPA,
                 fmt::format("{}: Path::kSdpa needs LibTorch 2.1 or newer "
@@ -65,10 +66,11 @@ DotProductPath choose_dot_product_path(const char* fn, Path path, const torch::T
     return non_empty(queries, keys, values) ? DotProductPath::kSdpa : DotProductPath::kComposite;
   }
   if (use_fused(fn, path, queries.device())) {
-    return no_weights ? DotProductPath::kFlash : DotProductPath::kFusedSoftmax;
+    return flash_eligible ? DotProductPath::kFlash : DotProductPath::kFusedSoftmax;
   }
   // Dropout keeps its semantics (and random stream) on our own paths.
-  const bool sdpa = path == Path::kAuto && D2L_HAS_SDPA && queries.is_cuda() && no_weights;
+  const bool sdpa =
+      path == Path::kAuto && D2L_HAS_SDPA && queries.is_cuda() && flash_eligible && !need_weights;
   return sdpa ? DotProductPath::kSdpa : DotProductPath::kComposite;
 }
 

@@ -25,14 +25,14 @@ bool use_fused(const char* fn, Path path, const c10::Device& device);
 /// What functional::dot_product_attention runs.
 enum class DotProductPath {
   kComposite,     // bmm, composite masked softmax, bmm: the book's ops
-  kFusedSoftmax,  // bmm, fused masked softmax, bmm: when weights or dropout are asked
-  kFlash,         // the flash CPU kernel (Note [Flash attention]): no weights
+  kFusedSoftmax,  // bmm, fused masked softmax, bmm: dropout in training
+  kFlash,         // the flash CPU kernel (Note [Flash attention]), with or without weights
   kSdpa,          // LibTorch's scaled_dot_product_attention
 };
 
 /// The path functional::dot_product_attention runs for these arguments.
-/// Path::kFused runs the flash kernel when no weights and no training-time
-/// dropout are asked and no size is zero, and the fused softmax otherwise.
+/// Path::kFused runs the flash kernel when no training-time dropout is asked
+/// and no size is zero, and the fused softmax otherwise.
 /// Throws, naming `fn`, for kSdpa on LibTorch older than 2.1 or with
 /// `need_weights`.
 DotProductPath choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,

@@ -1,5 +1,5 @@
-// The flash dot-product kernel (Path::kFused or kAuto without weights, Note
-// [Flash attention]) against the composite (book) path: forward and backward
+// The flash dot-product kernel (Path::kFused or kAuto without training-time
+// dropout, Note [Flash attention]), with and without weights, against the composite (book) path: forward and backward
 // in every dtype, odd sizes around the register tiles and the query and key
 // blocks, non-contiguous inputs, zero-length rows, lengths above the key
 // count, non-finite padding, double backward, threads, and the modules that
@@ -35,17 +35,37 @@ torch::Tensor attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor&
                                                             false, path, /*need_weights=*/false));
 }
 
+// Output, weights and the q, k, v gradients of sum(out ∘ G) + sum(weights ∘
+// H) (H only when `weights_grad`), on `path` with weights asked for.
+std::vector<torch::Tensor> with_weights(const std::vector<torch::Tensor>& qkv,
+                                        const torch::Tensor& lens, Path path, bool weights_grad,
+                                        const torch::Tensor& G, const torch::Tensor& H) {
+  std::vector<torch::Tensor> in;
+  for (const auto& t : qkv) in.push_back(t.detach().clone().requires_grad_());
+  auto [out, weights] = d2l::functional::dot_product_attention(in[0], in[1], in[2], lens, 0.0,
+                                                               false, path, /*need_weights=*/true);
+  auto loss = (out * G.to(out.scalar_type())).sum();
+  if (weights_grad) loss = loss + (weights * H.to(weights.scalar_type())).sum();
+  loss.backward();
+  return {out.detach(), weights.detach(), in[0].grad(), in[1].grad(), in[2].grad()};
+}
+
 // Value and q, k, v gradients of the flash path against the composite path.
 // In float and double both are compared in that dtype. In float16 and
 // bfloat16 the composite path rounds its scores and weights to the dtype
 // while the kernel accumulates in float, so both are compared with the
 // composite path in double: the kernel must be within the dtype's tolerance
 // of it, and no further from it than the composite path in that dtype is.
+// With `weights` (0: none asked, 1: asked, 2: asked and given a gradient),
+// the weights are compared too, as output 1.
 void check_against_composite(const std::vector<torch::Tensor>& qkv, const torch::Tensor& lens,
-                             const DtypeTolerance& tol, const std::string& what) {
+                             const DtypeTolerance& tol, const std::string& what, int weights = 0) {
   const auto upstream =
       torch::randn({qkv[0].size(0), qkv[0].size(1), qkv[2].size(2)}, torch::kDouble);
+  const auto upstream_weights =
+      torch::randn({qkv[0].size(0), qkv[0].size(1), qkv[1].size(1)}, torch::kDouble);
   auto run = [&](Path path, const std::vector<torch::Tensor>& in) {
+    if (weights > 0) return with_weights(in, lens, path, weights == 2, upstream, upstream_weights);
     return value_and_grads([&](const auto& x) { return attend(x, lens, path); }, in, upstream);
   };
   const auto flash = run(Path::kFused, qkv);
@@ -65,7 +85,8 @@ void check_against_composite(const std::vector<torch::Tensor>& qkv, const torch:
   for (size_t i = 0; i < flash.size(); ++i) {
     EXPECT_EQ(flash[i].scalar_type(), tol.dtype) << what << " output " << i;
     const double error = max_rel_error(flash[i], exact[i]);
-    EXPECT_LT(error, i == 0 ? tol.forward : tol.backward) << what << " output " << i;
+    const bool forward = i == 0 || (weights > 0 && i == 1);
+    EXPECT_LT(error, forward ? tol.forward : tol.backward) << what << " output " << i;
     // Two roundings of the dtype (2⁻⁸ for bfloat16, 2⁻¹¹ for float16) of slack.
     const double rounding = tol.dtype == torch::kBFloat16 ? 0x1p-7 : 0x1p-10;
     EXPECT_LE(error, max_rel_error(composite[i], exact[i]) * 1.25 + rounding)
@@ -112,6 +133,58 @@ TEST_P(Flash, MatchesCompositeForwardAndBackwardInEveryDtype) {
   }
 }
 
+// With weights asked for, the kernel writes them as it goes (Note [Flash
+// attention]); a gradient reaching them takes the saved-weights backward.
+TEST_P(Flash, WeightsMatchCompositeForwardAndBackwardInEveryDtype) {
+  struct Case {
+    int64_t B, n, m, d, dv;
+  };
+  const std::vector<Case> cases = {
+      {2, 1, 1, 1, 1}, {3, 5, 9, 7, 3}, {2, 31, 257, 9, 17}, {2, 50, 530, 12, 33}};
+  torch::manual_seed(28);
+  for (const auto& c : cases) {
+    const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
+    const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
+    const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
+    const std::vector<torch::Tensor> all_lens = {torch::Tensor(),
+                                                 torch::randint(0, c.m + 3, {c.B}),
+                                                 torch::randint(0, c.m + 3, {c.B, c.n})};
+    for (size_t l = 0; l < all_lens.size(); ++l) {
+      for (const auto& tol : runnable_dtypes()) {
+        for (int weights : {1, 2}) {
+          const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{} {} weights {}", c.B,
+                                        c.n, c.m, c.d, c.dv, l, c10::toString(tol.dtype), weights);
+          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)},
+                                  all_lens[l], tol, what, weights);
+        }
+      }
+    }
+  }
+}
+
+// Weights past a row's length are exactly 0, a row with no valid key has all
+// 0, and inf or NaN stored in padding reaches neither the weights nor any
+// gradient, with a gradient through the weights too.
+TEST_P(Flash, WeightsOfPaddingAreZeroAndStayClean) {
+  torch::manual_seed(29);
+  const int64_t B = 3, n = 7, m = 300;
+  const auto q = torch::randn({B, n, 8}), k = torch::randn({B, m, 8}), v = torch::randn({B, m, 4});
+  const auto lens = torch::tensor({0, 37, 260});
+  const auto G = torch::ones({B, n, 4}), H = torch::randn({B, n, m});
+  const auto clean = with_weights({q, k, v}, lens, Path::kFused, true, G, H);
+  EXPECT_EQ(clean[1][0].abs().sum().item<float>(), 0);
+  EXPECT_EQ(clean[1][1].narrow(1, 37, m - 37).abs().sum().item<float>(), 0);
+  EXPECT_NEAR(clean[1][1].sum().item<float>(), n, 1e-4);
+  auto k_bad = k.clone(), v_bad = v.clone();
+  k_bad[1].narrow(0, 37, m - 37).fill_(std::numeric_limits<float>::infinity());
+  v_bad[1].narrow(0, 37, m - 37).fill_(std::numeric_limits<float>::quiet_NaN());
+  v_bad[2].narrow(0, 260, m - 260).fill_(-std::numeric_limits<float>::infinity());
+  const auto dirty = with_weights({q, k_bad, v_bad}, lens, Path::kFused, true, G, H);
+  for (size_t i = 0; i < clean.size(); ++i) {
+    EXPECT_TRUE(torch::equal(clean[i], dirty[i])) << "output " << i;
+  }
+}
+
 TEST_P(Flash, NonContiguousInputsMatchComposite) {
   torch::manual_seed(22);
   const auto q = torch::randn({20, 3, 40}, torch::kDouble).permute({1, 0, 2}).narrow(2, 0, 11);
@@ -122,6 +195,7 @@ TEST_P(Flash, NonContiguousInputsMatchComposite) {
       torch::tensor({{0, 5, 300, 299, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 400}})
           .expand({3, 20});
   check_against_composite({q, k, v}, lens, kFastPathDtypes[0], "non-contiguous, expanded lengths");
+  check_against_composite({q, k, v}, lens, kFastPathDtypes[0], "non-contiguous, weights", 2);
 }
 
 // Rows with no valid key give zeros and zero gradients; keys past every
@@ -165,6 +239,20 @@ TEST_P(Flash, DoubleBackwardMatchesComposite) {
   };
   const auto flash = second_order(Path::kFused), composite = second_order(Path::kComposite);
   for (size_t i = 0; i < flash.size(); ++i) EXPECT_LT(max_rel_error(flash[i], composite[i]), 1e-11);
+  // With the weights in the first-order loss as well.
+  auto with_weights_second_order = [&](Path path) {
+    std::vector<torch::Tensor> in{q.clone().requires_grad_(), k.clone().requires_grad_(),
+                                  v.clone().requires_grad_()};
+    auto [y, w] = d2l::functional::dot_product_attention(in[0], in[1], in[2], lens, 0.0, false,
+                                                         path, /*need_weights=*/true);
+    const auto g = torch::autograd::grad({(y * y).sum() + (w * w).sum()}, in, {}, true, true);
+    return torch::autograd::grad({g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()}, in);
+  };
+  const auto flash_w = with_weights_second_order(Path::kFused);
+  const auto composite_w = with_weights_second_order(Path::kComposite);
+  for (size_t i = 0; i < flash_w.size(); ++i) {
+    EXPECT_LT(max_rel_error(flash_w[i], composite_w[i]), 1e-11) << "with weights, input " << i;
+  }
 }
 
 // Work is split by cost over threads, and dQ gathered from per-thread shares:
@@ -211,8 +299,8 @@ TEST_P(Flash, WithoutAutogradMatchesCompositeAndLeavesInputsAlone) {
 INSTANTIATE_TEST_SUITE_P(Isa, Flash, ::testing::ValuesIn(d2l::testing::runnable_isas()),
                          [](const auto& info) { return d2l::to_string(info.param); });
 
-// The modules take the flash kernel when they record no weights, with the
-// composite path's numbers; with weights they keep the fused softmax.
+// The modules take the flash kernel, with the composite path's numbers,
+// whether they record weights or not.
 TEST(FlashModules, DotProductAndMultiHeadWithoutWeightsMatchComposite) {
   torch::manual_seed(27);
   const auto q = torch::randn({2, 40, 8}), k = torch::randn({2, 300, 8}),
@@ -222,6 +310,10 @@ TEST(FlashModules, DotProductAndMultiHeadWithoutWeightsMatchComposite) {
   d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
   EXPECT_LT(max_rel_error(flash(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
   EXPECT_FALSE(flash->attention_weights.defined());
+  d2l::DotProductAttention recording;  // the default: the book's, weights recorded
+  EXPECT_LT(max_rel_error(recording(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
+  EXPECT_LT(max_rel_error(recording->last_attention_weights(), composite->last_attention_weights()),
+            2e-6);
 
   auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
   d2l::MultiHeadAttention mha_flash(

@@ -177,7 +177,7 @@ TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
   }
 }
 
-TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoWeightsOrDropoutAreAsked) {
+TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoDropoutIsDrawn) {
   using d2l::detail::DotProductPath;
   auto choose = [](Path path, const torch::Tensor& q, const torch::Tensor& k, double dropout,
                    bool training, bool need_weights) {
@@ -191,8 +191,10 @@ TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoWeightsOrDropoutAreAsked) {
     EXPECT_EQ(choose(Path::kFused, query, k, 0, false, false), DotProductPath::kFlash);
     // Dropout outside training draws nothing.
     EXPECT_EQ(choose(Path::kAuto, query, k, 0.1, false, false), DotProductPath::kFlash);
-    // Weights asked for, or dropout in training: the fused softmax.
-    EXPECT_EQ(choose(Path::kAuto, query, k, 0, false, true), DotProductPath::kFusedSoftmax);
+    // Weights asked for: the flash kernel writes them.
+    EXPECT_EQ(choose(Path::kAuto, query, k, 0, false, true), DotProductPath::kFlash);
+    EXPECT_EQ(choose(Path::kFused, query, k, 0, false, true), DotProductPath::kFlash);
+    // Dropout in training: the fused softmax.
     EXPECT_EQ(choose(Path::kAuto, query, k, 0.1, true, false), DotProductPath::kFusedSoftmax);
     EXPECT_EQ(choose(Path::kComposite, query, k, 0, false, false), DotProductPath::kComposite);
   }

@@ -16,77 +16,133 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 struct FlashOutputs {
-  torch::Tensor out, lse;
+  torch::Tensor out, lse, weights;
 };
 
 // The kernel's forward on q, k, v already in their compute type.
 FlashOutputs flash_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                           const torch::Tensor& lens, double scale) {
+                           const torch::Tensor& lens, double scale, bool need_weights) {
   auto out = torch::empty({q.size(0), q.size(1), v.size(2)}, q.options());
   auto lse = torch::empty({q.size(0), q.size(1)}, q.options());
-  cpu::dot_product_attention_kernels().forward(q, k, v, lens, scale, out, lse);
-  return {std::move(out), std::move(lse)};
+  auto weights =
+      need_weights ? torch::empty({q.size(0), q.size(1), k.size(1)}, q.options()) : torch::Tensor();
+  cpu::dot_product_attention_kernels().forward(q, k, v, lens, scale, out, lse, weights);
+  return {std::move(out), std::move(lse), std::move(weights)};
 }
 
-// The same gradients with differentiable ATen ops (recomputing the weights),
-// for a double backward.
+// dP = dO Vᵀ (+ dW, the gradient reaching the weights), and dS = scale · P ∘
+// (dP - rowsum(dP ∘ P)). Where P is 0 (padding), dS is 0 whatever dP holds:
+// an inf in a padding value must not make a NaN through 0 · inf.
+torch::Tensor scores_grad(const torch::Tensor& p, const torch::Tensor& v,
+                          const torch::Tensor& dout, const torch::Tensor& dweights,
+                          double scale) {
+  auto dp = torch::bmm(dout, v.transpose(1, 2));
+  if (dweights.defined()) dp = dp + dweights;
+  dp = dp.masked_fill(p == 0, 0);
+  return p * (dp - (dp * p).sum(-1, /*keepdim=*/true)) * scale;
+}
+
+// The gradients with ATen ops: differentiable (recomputing the weights) for
+// a double backward, or from the saved weights when a gradient reaches them.
 tensor_list composite_backward(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& lens, double scale,
-                               const torch::Tensor& dout) {
-  const auto valid_lens = lens.numel() > 0 ? lens : torch::Tensor();
-  const auto p = composite_masked_softmax(torch::bmm(q, k.transpose(1, 2)) * scale, valid_lens);
-  const auto dp = torch::bmm(dout, v.transpose(1, 2));
-  const auto ds = p * (dp - (dp * p).sum(-1, /*keepdim=*/true)) * scale;
-  return {torch::bmm(ds, k), torch::bmm(ds.transpose(1, 2), q),
+                               const torch::Tensor& dout, const torch::Tensor& dweights,
+                               torch::Tensor p = {}) {
+  if (!p.defined()) {
+    const auto valid_lens = lens.numel() > 0 ? lens : torch::Tensor();
+    p = composite_masked_softmax(torch::bmm(q, k.transpose(1, 2)) * scale, valid_lens);
+  }
+  const auto ds = scores_grad(p, v, dout, dweights, scale);
+  // dQ = dS K: keys that no row of a batch entry sees are zeroed first, for
+  // dS's zeros there would turn an inf stored in them into NaN.
+  auto visible_k = k;
+  if (lens.numel() > 0) {
+    const auto longest = lens.dim() == 2 ? std::get<0>(lens.max(1)) : lens;
+    const auto hidden = torch::arange(k.size(1), lens.options()) >= longest.view({-1, 1});
+    visible_k = k.masked_fill(hidden.unsqueeze(-1), 0);
+  }
+  return {torch::bmm(ds, visible_k), torch::bmm(ds.transpose(1, 2), q),
           torch::bmm(p.transpose(1, 2), dout)};
 }
 
 struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& queries,
-                               const torch::Tensor& keys, const torch::Tensor& values,
-                               const torch::Tensor& lens, double scale) {
+  // Returns {output} or, with need_weights, {output, weights}.
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& queries,
+                             const torch::Tensor& keys, const torch::Tensor& values,
+                             const torch::Tensor& lens, double scale, bool need_weights) {
     const auto q = compute_type(queries);
     const auto k = compute_type(keys);
     const auto v = compute_type(values);
-    auto [out, lse] = flash_forward(q, k, v, lens, scale);
-    ctx->save_for_backward({queries, keys, values, lens, out, lse});
+    auto [out, lse, weights] = flash_forward(q, k, v, lens, scale, need_weights);
+    // The weights in compute type (undefined without them), for a gradient
+    // that reaches them. Saved as a variable: an output kept in saved_data
+    // would hold its own graph alive.
+    ctx->save_for_backward({queries, keys, values, lens, out, lse, weights});
     ctx->saved_data["scale"] = scale;
-    return as_dtype(out, queries.scalar_type());
+    // An output that no loss reaches gets an undefined gradient rather than
+    // zeros: unused weights keep the kernel's backward.
+    ctx->set_materialize_grads(false);
+    tensor_list outputs{as_dtype(out, queries.scalar_type())};
+    if (need_weights) outputs.push_back(as_dtype(weights, queries.scalar_type()));
+    return outputs;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &queries = saved[0], &keys = saved[1], &values = saved[2], &lens = saved[3];
     const double scale = ctx->saved_data["scale"].toDouble();
+    const auto dweights = grads.size() > 1 ? grads[1] : torch::Tensor();
+    const auto none = torch::Tensor();
+    if (!grads[0].defined() && !dweights.defined()) {
+      return {torch::zeros_like(queries), torch::zeros_like(keys), torch::zeros_like(values),
+              none, none, none};
+    }
+    const auto dout = grads[0].defined()
+                          ? grads[0]
+                          : torch::zeros({queries.size(0), queries.size(1), values.size(2)},
+                                         values.options());
     // create_graph=true leaves grad mode on in here: stay differentiable.
     if (torch::GradMode::is_enabled()) {
-      auto g = composite_backward(queries, keys, values, lens, scale, grads[0]);
-      return {g[0], g[1], g[2], torch::Tensor(), torch::Tensor()};
+      auto g = composite_backward(queries, keys, values, lens, scale, dout, dweights);
+      return {g[0], g[1], g[2], none, none, none};
+    }
+    const auto q = compute_type(queries), k = compute_type(keys), v = compute_type(values);
+    const auto dout_c = as_dtype(dout, q.scalar_type()).contiguous();
+    if (dweights.defined()) {
+      auto g = composite_backward(q, k, v, lens, scale, dout_c,
+                                  as_dtype(dweights, q.scalar_type()),
+                                  saved[6]);
+      return {as_dtype(g[0], queries.scalar_type()), as_dtype(g[1], keys.scalar_type()),
+              as_dtype(g[2], values.scalar_type()), none, none, none};
     }
     const auto &out = saved[4], &lse = saved[5];
-    const auto q = compute_type(queries), k = compute_type(keys), v = compute_type(values);
-    const auto dout = as_dtype(grads[0], q.scalar_type()).contiguous();
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
-    cpu::dot_product_attention_kernels().backward(q, k, v, lens, scale, out, dout, lse, dq, dk, dv);
+    cpu::dot_product_attention_kernels().backward(q, k, v, lens, scale, out, dout_c, lse, dq, dk,
+                                                  dv);
     return {as_dtype(dq, queries.scalar_type()), as_dtype(dk, keys.scalar_type()),
-            as_dtype(dv, values.scalar_type()), torch::Tensor(), torch::Tensor()};
+            as_dtype(dv, values.scalar_type()), none, none, none};
   }
 };
 
 }  // namespace
 
-torch::Tensor flash_attention(const torch::Tensor& queries, const torch::Tensor& keys,
-                              const torch::Tensor& values, const torch::Tensor& valid_lens,
-                              double scale) {
+std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& queries,
+                                                         const torch::Tensor& keys,
+                                                         const torch::Tensor& values,
+                                                         const torch::Tensor& valid_lens,
+                                                         double scale, bool need_weights) {
   TORCH_INTERNAL_ASSERT(queries.device().is_cpu(), "the flash kernel got ", queries.device());
   const auto lens = lengths_arg(valid_lens);
   if (torch::GradMode::is_enabled() &&
       (queries.requires_grad() || keys.requires_grad() || values.requires_grad())) {
-    return FlashAttentionFunction::apply(queries, keys, values, lens, scale);
+    auto outputs = FlashAttentionFunction::apply(queries, keys, values, lens, scale, need_weights);
+    return {outputs[0], need_weights ? outputs[1] : torch::Tensor()};
   }
   const auto q = compute_type(queries);
-  return as_dtype(flash_forward(q, compute_type(keys), compute_type(values), lens, scale).out,
-                  queries.scalar_type());
+  auto result =
+      flash_forward(q, compute_type(keys), compute_type(values), lens, scale, need_weights);
+  return {as_dtype(result.out, queries.scalar_type()),
+          need_weights ? as_dtype(result.weights, queries.scalar_type()) : torch::Tensor()};
 }
 
 }  // namespace d2l::detail

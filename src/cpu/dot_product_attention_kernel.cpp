@@ -59,20 +59,45 @@ struct ForwardArgs {
   RowLengths lens;
   T scale;
   T *out, *lse;
+  T* weights;  // (B, n, m), or null when no weights are asked
 };
 
 template <typename T>
 struct ForwardScratch {
   std::vector<T> scores, acc, row_max, row_sum;
+  std::vector<T> block_max;  // with weights: the maximum each key block was exponentiated at
   std::vector<int64_t> len;
 
-  explicit ForwardScratch(int64_t ldv)
+  ForwardScratch(int64_t ldv, int64_t key_blocks)
       : scores(kQueryBlock * kKeyBlock),
         acc(kQueryBlock * ldv),
         row_max(kQueryBlock),
         row_sum(kQueryBlock),
+        block_max(kQueryBlock * key_blocks),
         len(kQueryBlock) {}
 };
+
+// With weights, a key block's exponentials go out as they are made, relative
+// to the row maximum at the time; once the row's final maximum and sum are
+// known, each block is rescaled by exp(block max - max) / sum, and the keys
+// past the row's length are zeroed. The weights are the only (B, n, m)
+// memory, written once and rescaled while they are in cache.
+template <typename T>
+void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
+                    int64_t rows) {
+  const Dims& s = a.s;
+  const int64_t key_blocks = div_up(s.m, kKeyBlock);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* weights = a.weights + (b * s.n + i0 + r) * s.m;
+    const int64_t len = w.len[r];
+    for (int64_t j0 = 0; j0 < len; j0 += kKeyBlock) {
+      const T factor =
+          std::exp(w.block_max[r * key_blocks + j0 / kKeyBlock] - w.row_max[r]) / w.row_sum[r];
+      scale_row(weights + j0, std::min(kKeyBlock, len - j0), factor);
+    }
+    std::fill(weights + len, weights + s.m, T(0));
+  }
+}
 
 template <typename T>
 void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0) {
@@ -106,6 +131,10 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
       const T correction = old_max == new_max ? T(1) : std::exp(old_max - new_max);
       w.row_sum[r] = w.row_sum[r] * correction + exp_row(row, valid, kc, a.scale, new_max);
       w.row_max[r] = new_max;
+      if (a.weights != nullptr) {
+        std::memcpy(a.weights + (b * s.n + i0 + r) * s.m + j0, row, valid * sizeof(T));
+        w.block_max[r * div_up(s.m, kKeyBlock) + j0 / kKeyBlock] = new_max;
+      }
       if (correction != T(1)) {
         T* acc = w.acc.data() + r * a.ldv;
         for (int64_t c = 0; c < a.ldv; ++c) acc[c] *= correction;
@@ -123,12 +152,13 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     a.lse[b * s.n + i0 + r] =
         empty ? -std::numeric_limits<T>::infinity() : w.row_max[r] + std::log(w.row_sum[r]);
   }
+  if (a.weights != nullptr) finish_weights(a, w, b, i0, rows);
 }
 
 template <typename T>
 void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
-                   const at::TensorBase& lse) {
+                   const at::TensorBase& lse, const at::TensorBase& weights) {
   const Dims s = dims_of(q, v);
   const int64_t m_pad = round_up_to_tile<T>(s.m);
   const T* kd = k.data_ptr<T>();
@@ -141,7 +171,8 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
   const ForwardArgs<T> args{
       s,        q.data_ptr<T>(),   kp.data(),        vp.data, vp.ld, row_lengths(lens, s.n),
-      T(scale), out.data_ptr<T>(), lse.data_ptr<T>()};
+      T(scale), out.data_ptr<T>(), lse.data_ptr<T>(),
+      weights.defined() ? weights.data_ptr<T>() : nullptr};
   const int64_t blocks = div_up(s.n, kQueryBlock);
   std::vector<int64_t> costs(s.B * blocks);
   for (int64_t t = 0; t < s.B * blocks; ++t) {
@@ -150,7 +181,7 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     costs[t] = rows * (longest_length(args.lens, s, b, i0, rows) + 16);
   }
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    ForwardScratch<T> scratch(vp.ld);
+    ForwardScratch<T> scratch(vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0);
     for (int64_t t = t0; t < t1; ++t)
       forward_block(args, scratch, t / blocks, t % blocks * kQueryBlock);
   });
@@ -158,9 +189,10 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
 
 void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
              const at::TensorBase& lens, double scale, const at::TensorBase& out,
-             const at::TensorBase& lse) {
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_forward",
-                             [&] { forward_typed<scalar_t>(q, k, v, lens, scale, out, lse); });
+             const at::TensorBase& lse, const at::TensorBase& weights) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_forward", [&] {
+    forward_typed<scalar_t>(q, k, v, lens, scale, out, lse, weights);
+  });
 }
 
 // ---------------------------------------------------------------- backward

@@ -18,9 +18,12 @@ struct DotProductAttentionKernels {
   /// out = softmax(scale · q kᵀ, masked) v, never holding more than a block
   /// of scores; lse = log Σ exp(scale · q kᵀ) over the valid keys (the row's
   /// log-normaliser, -inf for a row with no valid key, whose output is 0).
+  /// When `weights` is defined ((B, n, m), contiguous), the attention
+  /// weights are written there too: 0 past each row's length, and all 0 in
+  /// a row with no valid key.
   void (*forward)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                   const at::TensorBase& lens, double scale, const at::TensorBase& out,
-                  const at::TensorBase& lse);
+                  const at::TensorBase& lse, const at::TensorBase& weights);
   /// Gradients of forward with respect to q, k and v from dout, recomputing
   /// the scores block by block. dq, dk and dv are overwritten; keys past every
   /// row's length get zeros.

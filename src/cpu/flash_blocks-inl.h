@@ -157,6 +157,16 @@ T exp_row(T* s, int64_t valid, int64_t kc, T scale, T shift) {
   return horizontal_sum(vsum);
 }
 
+// x[0:count] *= factor, in memory that may end at x + count.
+template <typename T>
+void scale_row(T* x, int64_t count, T factor) {
+  using V = Vectorized<T>;
+  const V vfactor(factor);
+  int64_t j = 0;
+  for (; j + V::size() <= count; j += V::size()) (V::loadu(x + j) * vfactor).store(x + j);
+  if (j < count) (V::loadu(x + j, count - j) * vfactor).store(x + j, count - j);
+}
+
 // The longest valid length among rows [i0, i0 + rows) of batch entry b.
 int64_t longest_length(const RowLengths& lens, const Dims& s, int64_t b, int64_t i0, int64_t rows) {
   int64_t longest = 0;
