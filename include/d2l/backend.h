@@ -10,16 +10,15 @@ namespace d2l {
 enum class Path {
   /// The fastest correct path for the inputs (README, "Choosing a path"):
   /// the fused kernels on the CPU, the composite path elsewhere (CUDA:
-  /// composite softmax, chunked additive scores); for dot-product attention
-  /// that returns no weights (and draws no training dropout), the flash
-  /// kernel on the CPU and LibTorch's scaled_dot_product_attention on CUDA
-  /// (2.1+).
+  /// composite softmax, chunked additive scores). Dot-product attention that
+  /// draws no training dropout runs the flash kernel on the CPU (writing the
+  /// weights when they are asked), and without weights LibTorch's
+  /// scaled_dot_product_attention on CUDA (2.1+).
   kAuto,
   /// The book's formulation with ATen ops: the readable oracle.
   kComposite,
   /// The fused CPU kernels; an error for tensors on another device. For
-  /// dot-product attention without weights and training dropout, the flash
-  /// kernel.
+  /// dot-product attention without training dropout, the flash kernel.
   kFused,
   /// Dot-product attention only: LibTorch's at::scaled_dot_product_attention
   /// (flash / memory-efficient / cuDNN on CUDA, flash on the CPU), with the

@@ -20,8 +20,9 @@ struct DotProductAttentionOptions {
   /// for the inputs (Path).
   TORCH_ARG(Path, path) = Path::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
-  /// turn off in inference servers to save the memory and the lock. Off,
-  /// Path::kAuto runs the flash kernel on the CPU (SDPA on CUDA) (Path).
+  /// turn off in inference servers to save the memory and the lock. Off, no
+  /// (B, n, m) tensor is made on the CPU, and Path::kAuto runs SDPA on CUDA
+  /// (Path).
   TORCH_ARG(bool, record_attention_weights) = true;
 
   D2L_DEPRECATED_IMPL_OPTION(DotProductAttentionOptions)
@@ -31,8 +32,8 @@ namespace functional {
 /// Scaled dot-product attention, softmax(Q Kᵀ / √d) V with masking by
 /// `valid_lens` ((batch) or (batch, queries)). Returns (output, attention_weights);
 /// the weights are those before dropout, as the book stores them. With
-/// `need_weights` false the weights are undefined, and Path::kAuto may run
-/// the flash kernel on the CPU and LibTorch's SDPA on CUDA (Path).
+/// `need_weights` false the weights are undefined, no (B, n, m) tensor is
+/// made on the CPU, and Path::kAuto may run LibTorch's SDPA on CUDA (Path).
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
