@@ -5,6 +5,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -96,7 +97,12 @@ void additive_scores_row(const T* q, const T* kT, const T* w, T* scores, int64_t
 template <typename T>
 void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape s, RowLengths lens,
                       bool softmax) {
-  at::parallel_for(0, s.B * s.n, grain_for(s.m * s.h), [&](int64_t begin, int64_t end) {
+  // A row costs its valid keys' tanh (and the softmax's pass over all m).
+  std::vector<int64_t> costs(s.B * s.n);
+  for (int64_t r = 0; r < s.B * s.n; ++r) {
+    costs[r] = (softmax ? lens.at(r, s.m) : s.m) * s.h + s.m;
+  }
+  parallel_runs(costs, [&](int64_t begin, int64_t end) {
     std::vector<T> scores(s.m_pad);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t L = softmax ? lens.at(r, s.m) : s.m;
@@ -156,8 +162,11 @@ void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds,
 
 // Per batch entry b, for every query i and valid key j, with t = tanh(q_i + k_j)
 // and g = ds_ij (1 - t²):  dq_i += w g,  dk_j += w g,  dw += ds_ij t.
-// w is factored out of the sums over j and i. Batches run in parallel: each
-// owns its dk and dq rows; dw gets one accumulator per thread.
+// w is factored out of the sums over j and i. Tasks are blocks of R queries,
+// split over threads by cost (rows times valid keys); each task owns its dq
+// rows, adds dk into a per-thread buffer for its batch entry that is added to
+// dk under a lock when the thread moves on, and dw gets one accumulator per
+// thread.
 template <typename T>
 void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T* dout, T* dq,
                        T* dkT, T* dw, AdditiveShape s, RowLengths lens, bool softmax) {
@@ -166,39 +175,62 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   const int64_t threads = at::get_num_threads();
   std::vector<V> dw_acc(threads * s.h, V(0));
   std::fill(dkT, dkT + s.B * s.h * s.m_pad, T(0));
-  at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+  const int64_t blocks = (s.n + R - 1) / R;
+  auto longest = [&](int64_t b, int64_t i0, int64_t rows) {
+    int64_t L = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      L = std::max(L, softmax ? lens.at(b * s.n + i0 + r, s.m) : s.m);
+    }
+    return L;
+  };
+  std::vector<int64_t> costs(s.B * blocks);
+  for (int64_t t = 0; t < s.B * blocks; ++t) {
+    const int64_t b = t / blocks, i0 = t % blocks * R, rows = std::min(R, s.n - i0);
+    costs[t] = rows * (longest(b, i0, rows) * s.h + s.m);
+  }
+  std::mutex dk_lock;
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     V* dw_thread = dw_acc.data() + at::get_thread_num() * s.h;
-    std::vector<T> ds(R * s.m_pad);
-    for (int64_t b = begin; b < end; ++b) {
-      const T* kTb = kT + b * s.h * s.m_pad;
-      T* dkTb = dkT + b * s.h * s.m_pad;
-      for (int64_t i0 = 0; i0 < s.n; i0 += R) {
-        const int64_t rows = std::min(R, s.n - i0);
-        int64_t L = 0;
-        std::fill(ds.begin(), ds.end(), T(0));
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t row = b * s.n + i0 + r, Lr = softmax ? lens.at(row, s.m) : s.m;
-          L = std::max(L, Lr);
-          T* dsr = ds.data() + r * s.m_pad;
-          if (softmax) {
-            softmax_backward_row(y + row * s.m, dout + row * s.m, dsr, Lr, s.m, T(1));
-          } else {
-            std::copy(dout + row * s.m, dout + (row + 1) * s.m, dsr);
-          }
-        }
-        const int64_t first = (b * s.n + i0) * s.h;
-        const auto block = [&](auto rows_constant) {
-          additive_backward_block<decltype(rows_constant)::value>(
-              q + first, kTb, w, ds.data(), dq + first, dkTb, dw_thread, L, s);
-        };
-        switch (rows) {
-          case 1: block(std::integral_constant<int, 1>{}); break;
-          case 2: block(std::integral_constant<int, 2>{}); break;
-          case 3: block(std::integral_constant<int, 3>{}); break;
-          default: block(std::integral_constant<int, R>{}); break;
+    std::vector<T> ds(R * s.m_pad), dk_local(s.h * s.m_pad);
+    int64_t batch = -1;  // the batch entry dk_local belongs to
+    auto flush = [&] {
+      if (batch < 0) return;
+      std::lock_guard<std::mutex> guard(dk_lock);
+      T* dkTb = dkT + batch * s.h * s.m_pad;
+      for (int64_t e = 0; e < s.h * s.m_pad; ++e) dkTb[e] += dk_local[e];
+    };
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / blocks, i0 = t % blocks * R, rows = std::min(R, s.n - i0);
+      if (b != batch) {
+        flush();
+        std::fill(dk_local.begin(), dk_local.end(), T(0));
+        batch = b;
+      }
+      const int64_t L = longest(b, i0, rows);
+      std::fill(ds.begin(), ds.end(), T(0));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = b * s.n + i0 + r, Lr = softmax ? lens.at(row, s.m) : s.m;
+        T* dsr = ds.data() + r * s.m_pad;
+        if (softmax) {
+          softmax_backward_row(y + row * s.m, dout + row * s.m, dsr, Lr, s.m, T(1));
+        } else {
+          std::copy(dout + row * s.m, dout + (row + 1) * s.m, dsr);
         }
       }
+      const int64_t first = (b * s.n + i0) * s.h;
+      const T* kTb = kT + b * s.h * s.m_pad;
+      const auto block = [&](auto rows_constant) {
+        additive_backward_block<decltype(rows_constant)::value>(
+            q + first, kTb, w, ds.data(), dq + first, dk_local.data(), dw_thread, L, s);
+      };
+      switch (rows) {
+        case 1: block(std::integral_constant<int, 1>{}); break;
+        case 2: block(std::integral_constant<int, 2>{}); break;
+        case 3: block(std::integral_constant<int, 3>{}); break;
+        default: block(std::integral_constant<int, R>{}); break;
+      }
     }
+    flush();
   });
   for (int64_t c = 0; c < s.h; ++c) {
     V total(0);

@@ -33,36 +33,6 @@ Dims dims_of(const at::TensorBase& q, const at::TensorBase& v) {
   return {q.size(0), q.size(1), v.size(1), q.size(2), v.size(2)};
 }
 
-// Runs [bounds[r], bounds[r + 1]) of consecutive tasks, at most `parts` of
-// them, each of about the same total cost.
-std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t parts) {
-  double total = 0;
-  for (const int64_t c : costs) total += static_cast<double>(c);
-  std::vector<int64_t> bounds{0};
-  double done = 0;
-  for (size_t t = 0; t < costs.size(); ++t) {
-    done += static_cast<double>(costs[t]);
-    const auto run = static_cast<int64_t>(bounds.size());
-    if (run < parts && done >= total * static_cast<double>(run) / static_cast<double>(parts)) {
-      bounds.push_back(static_cast<int64_t>(t) + 1);
-    }
-  }
-  if (bounds.back() != static_cast<int64_t>(costs.size())) {
-    bounds.push_back(static_cast<int64_t>(costs.size()));
-  }
-  return bounds;
-}
-
-// body(first, last) for each run of tasks, one run per thread.
-template <typename F>
-void parallel_runs(const std::vector<int64_t>& costs, const F& body) {
-  if (costs.empty()) return;
-  const auto bounds = balanced_runs(costs, at::get_num_threads());
-  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) body(bounds[r], bounds[r + 1]);
-  });
-}
-
 // x (rows × cols) transposed into panels of W = kTileCols rows of x each:
 // panel p is a row-major (cols × W) block, zero past `rows`.
 template <typename T>

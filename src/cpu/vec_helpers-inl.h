@@ -5,6 +5,7 @@
 // loads and stores, horizontal reductions, and one row of the masked softmax
 // forward and backward, which the additive kernel folds into its own loop.
 
+#include <ATen/Parallel.h>
 #include <ATen/core/TensorBase.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -25,6 +27,40 @@ constexpr int64_t kGrain = 32768;
 
 inline int64_t grain_for(int64_t cost_per_row) {
   return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, cost_per_row));
+}
+
+// Work split by cost (the flash and additive kernels): with random valid
+// lengths, equal numbers of tasks would leave one thread with most of the
+// keys.
+//
+// Runs [bounds[r], bounds[r + 1]) of consecutive tasks, at most `parts` of
+// them, each of about the same total cost.
+std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t parts) {
+  double total = 0;
+  for (const int64_t c : costs) total += static_cast<double>(c);
+  std::vector<int64_t> bounds{0};
+  double done = 0;
+  for (size_t t = 0; t < costs.size(); ++t) {
+    done += static_cast<double>(costs[t]);
+    const auto run = static_cast<int64_t>(bounds.size());
+    if (run < parts && done >= total * static_cast<double>(run) / static_cast<double>(parts)) {
+      bounds.push_back(static_cast<int64_t>(t) + 1);
+    }
+  }
+  if (bounds.back() != static_cast<int64_t>(costs.size())) {
+    bounds.push_back(static_cast<int64_t>(costs.size()));
+  }
+  return bounds;
+}
+
+// body(first, last) for each run of tasks, one run per thread.
+template <typename F>
+void parallel_runs(const std::vector<int64_t>& costs, const F& body) {
+  if (costs.empty()) return;
+  const auto bounds = balanced_runs(costs, at::get_num_threads());
+  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) body(bounds[r], bounds[r + 1]);
+  });
 }
 
 /// Valid length of each row of a (rows, m) problem: min(data[row / rows_per_len], m),
