@@ -247,6 +247,83 @@ TEST(StateDict, WritesTorchSaveLayout) {
   EXPECT_EQ(zip.read(*zip.find("archive/data/0")).size(), 8u * 2 * 4);  // W_k.weight (8, 2)
 }
 
+void put_le(std::string& out, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+// The entries of `zip` rewritten as a zip64 archive: every size and offset of
+// the central directory in the zip64 extra field, the entry count and the
+// directory's place in the zip64 end record.
+std::string as_zip64(const std::string& bytes) {
+  const d2l::serialize::Source source{"test", "<bytes>"};
+  const d2l::serialize::ZipReader zip(bytes, source);
+  std::string out, cd;
+  for (const auto& e : zip.entries()) {
+    const auto data = zip.read(e);
+    const uint64_t local = out.size();
+    put_le(out, 0x04034b50, 4);
+    put_le(out, 45, 2);
+    put_le(out, 0, 8);  // flags, method, time, date
+    put_le(out, e.crc, 4);
+    put_le(out, ~uint64_t{0}, 8);  // sizes: in the zip64 extra field
+    put_le(out, e.name.size(), 2);
+    put_le(out, 20, 2);
+    out += e.name;
+    put_le(out, 1, 2);
+    put_le(out, 16, 2);
+    put_le(out, data.size(), 8);
+    put_le(out, data.size(), 8);
+    out += data;
+    put_le(cd, 0x02014b50, 4);
+    put_le(cd, 45, 2);
+    put_le(cd, 45, 2);
+    put_le(cd, 0, 8);
+    put_le(cd, e.crc, 4);
+    put_le(cd, ~uint64_t{0}, 8);
+    put_le(cd, e.name.size(), 2);
+    put_le(cd, 28, 2);  // extra
+    put_le(cd, 0, 6);  // comment length, disk, internal attributes
+    put_le(cd, 0, 4);  // external attributes
+    put_le(cd, 0xFFFFFFFF, 4);
+    cd += e.name;
+    put_le(cd, 1, 2);
+    put_le(cd, 24, 2);
+    put_le(cd, data.size(), 8);
+    put_le(cd, data.size(), 8);
+    put_le(cd, local, 8);
+  }
+  const uint64_t cd_offset = out.size(), count = zip.entries().size();
+  out += cd;
+  const uint64_t end64 = out.size();
+  put_le(out, 0x06064b50, 4);
+  put_le(out, 44, 8);
+  put_le(out, 45, 2);
+  put_le(out, 45, 2);
+  put_le(out, 0, 8);  // disks
+  put_le(out, count, 8);
+  put_le(out, count, 8);
+  put_le(out, cd.size(), 8);
+  put_le(out, cd_offset, 8);
+  put_le(out, 0x07064b50, 4);
+  put_le(out, 0, 4);
+  put_le(out, end64, 8);
+  put_le(out, 1, 4);
+  put_le(out, 0x06054b50, 4);
+  put_le(out, 0, 4);
+  put_le(out, 0xFFFF, 2);
+  put_le(out, 0xFFFF, 2);
+  put_le(out, 0xFFFFFFFF, 4);
+  put_le(out, 0xFFFFFFFF, 4);
+  put_le(out, 0, 2);
+  return out;
+}
+
+TEST(StateDict, ReadsZip64Records) {
+  const auto bytes = read_bytes(fixture_path("state_dtypes_torch211.pt"));
+  std::istringstream in(as_zip64(bytes));
+  expect_dtype_dict(d2l::read_state_dict(in), load_fixture("state_dtypes_torch211"));
+}
+
 // The committed state_cpp_*.pt files were written by this code and read back
 // by Python's torch.load (1.13 and 2.11, generate_state_dicts.py
 // --verify-cpp). Writing the same state today must give the same bytes; set
