@@ -38,8 +38,9 @@ class Machine {
   }
 
   std::string_view take(uint64_t n) {
-    if (n > in_.size() - pos_)
+    if (n > in_.size() - pos_) {
       fail(fmt::format("truncated: needs {} bytes, {} left", n, in_.size() - pos_));
+    }
     const auto s = in_.substr(pos_, n);
     pos_ += n;
     return s;
@@ -100,8 +101,9 @@ class Machine {
   }
 
   void set_items(Value* dict, const std::vector<Value*>& kv) {
-    if (dict->kind != Kind::kDict)
+    if (dict->kind != Kind::kDict) {
       fail(fmt::format("SETITEM(S) on a value of type {}, not a dict", kind_name(dict->kind)));
+    }
     if (kv.size() % 2 != 0) fail("SETITEMS with an odd number of items");
     for (size_t i = 0; i < kv.size(); i += 2) {
       if (!dict_set(*dict, kv[i], kv[i + 1])) {
@@ -110,8 +112,9 @@ class Machine {
     }
   }
   void append(Value* list, const std::vector<Value*>& items) {
-    if (list->kind != Kind::kList)
+    if (list->kind != Kind::kList) {
       fail(fmt::format("APPEND(S) on a value of type {}, not a list", kind_name(list->kind)));
+    }
     list->items.insert(list->items.end(), items.begin(), items.end());
   }
 
@@ -139,8 +142,9 @@ void Machine::step(unsigned char code) {
     case 0x93: {  // STACK_GLOBAL
       Value* name = pop();
       Value* module = pop();
-      if (module->kind != Kind::kString || name->kind != Kind::kString)
+      if (module->kind != Kind::kString || name->kind != Kind::kString) {
         fail("STACK_GLOBAL needs two strs");
+      }
       push(globals_.find(arena_, module->s, name->s, op_at_));
       return;
     }

@@ -66,16 +66,24 @@ const char* kind_name(Kind kind) {
   return "value";
 }
 
-bool dict_set(Value& dict, Value* key, Value* value) {
-  std::string k;
-  if (key->kind == Kind::kString) {
-    k = "s" + key->s;
-  } else if (key->kind == Kind::kInt) {
-    k = "i" + std::to_string(key->i);
-  } else {
-    return false;
+size_t KeyHash::operator()(const Value* key) const {
+  if (!key->hashed) {
+    key->hash = key->kind == Kind::kInt ? std::hash<int64_t>{}(key->i)
+                                        : std::hash<std::string>{}(key->s) ^ 0x9e3779b97f4a7c15u;
+    key->hashed = true;
   }
-  const auto [it, inserted] = dict.index.emplace(std::move(k), dict.items.size());
+  return key->hash;
+}
+
+bool KeyEqual::operator()(const Value* a, const Value* b) const {
+  if (a == b) return true;
+  if (a->kind != b->kind) return false;
+  return a->kind == Kind::kInt ? a->i == b->i : a->s == b->s;
+}
+
+bool dict_set(Value& dict, Value* key, Value* value) {
+  if (key->kind != Kind::kString && key->kind != Kind::kInt) return false;
+  const auto [it, inserted] = dict.index.emplace(key, dict.items.size());
   if (inserted) {
     dict.items.push_back(key);
     dict.items.push_back(value);
@@ -110,8 +118,9 @@ Value* Globals::find(Arena& arena, const std::string& module, const std::string&
 
 Value* Globals::call(Arena& arena, const Value& callable, const std::vector<Value*>& args,
                      uint64_t at) {
-  if (callable.kind != Kind::kGlobal)
+  if (callable.kind != Kind::kGlobal) {
     fail(fmt::format("REDUCE calls a value of type {}", kind_name(callable.kind)), at);
+  }
   if (callable.s == "collections.OrderedDict") {
     if (!args.empty()) fail("collections.OrderedDict called with arguments", at);
     return arena.make(Kind::kDict);
@@ -135,14 +144,18 @@ Value* Globals::persistent_load(Arena& arena, const Value& pid, uint64_t at) {
     fail("a persistent id is not ('storage', torch.<Dtype>Storage, key, location, numel)", at);
   }
   const auto dtype = storage_dtypes().find(items[1]->s);
-  if (dtype == storage_dtypes().end())
+  if (dtype == storage_dtypes().end()) {
     fail(fmt::format("'{}' is not a storage class", items[1]->s), at);
+  }
   if (numel < 0) fail(fmt::format("storage '{}' has a negative size {}", items[2]->s, numel), at);
-  const auto [it, inserted] = storages_.emplace(items[2]->s, nullptr);
-  if (inserted) {
-    it->second = arena.make(Kind::kStorage);
-    it->second->s = items[2]->s;
-    it->second->tensor = load_(items[2]->s, dtype->second, numel);
+  // Looked up before inserting: a pid named again through the memo must not
+  // copy its key each time.
+  auto it = storages_.find(items[2]->s);
+  if (it == storages_.end()) {
+    Value* storage = arena.make(Kind::kStorage);
+    storage->s = items[2]->s;
+    storage->tensor = load_(items[2]->s, dtype->second, numel);
+    it = storages_.emplace(items[2]->s, storage).first;
   } else if (it->second->tensor.scalar_type() != dtype->second ||
              it->second->tensor.numel() != numel) {
     fail(fmt::format("storage '{}' is named twice with different types or sizes", items[2]->s), at);

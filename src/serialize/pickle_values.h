@@ -31,6 +31,18 @@ enum class Kind {
 
 const char* kind_name(Kind kind);
 
+struct Value;
+
+/// A dict's keys (str or int) by content, hashed once per key value: a key
+/// referenced through the memo into many dicts is neither copied nor rehashed,
+/// so memory and time stay proportional to the pickle's size.
+struct KeyHash {
+  size_t operator()(const Value* key) const;
+};
+struct KeyEqual {
+  bool operator()(const Value* a, const Value* b) const;
+};
+
 /// One Python value. Containers point into the machine's arena; a dict keeps
 /// its items flattened (key, value, key, value, ...) in insertion order.
 struct Value {
@@ -40,8 +52,10 @@ struct Value {
   double f = 0;               // kFloat
   std::string s;              // kString; kGlobal: "module.name"; kStorage: its key
   std::vector<Value*> items;  // kTuple, kList, kDict
-  std::unordered_map<std::string, size_t> index;  // kDict: key -> position in items
-  torch::Tensor tensor;                           // kStorage (1-D), kTensor
+  std::unordered_map<const Value*, size_t, KeyHash, KeyEqual> index;  // kDict: key -> position
+  mutable size_t hash = 0;  // kString, kInt as a dict key: KeyHash's value, once computed
+  mutable bool hashed = false;
+  torch::Tensor tensor;  // kStorage (1-D), kTensor
 };
 
 /// Owns every value of one run.

@@ -68,8 +68,9 @@ ZipReader::ZipReader(std::string_view bytes, const Source& source)
   uint64_t end = n - kEndSize;
   while (get(bytes_, end, 4) != kEndOfCentralDir ||
          end + kEndSize + get(bytes_, end + 20, 2) != n) {
-    if (end == lowest)
+    if (end == lowest) {
       source_.fail("not a zip archive: no end of central directory record (truncated?)");
+    }
     --end;
   }
   if (get(bytes_, end + 4, 2) != 0 || get(bytes_, end + 6, 2) != 0) {
@@ -129,8 +130,9 @@ void ZipReader::read_central_directory(uint64_t offset, uint64_t size, uint64_t 
         uint64_t pos = 4;
         for (uint64_t* field : {&usize, &csize, &local}) {
           if (*field != 0xFFFFFFFF) continue;
-          if (pos + 8 > 4 + len)
+          if (pos + 8 > 4 + len) {
             source_.fail(fmt::format("entry '{}': zip64 extra field is too short", e.name));
+          }
           *field = get(extra, pos, 8);
           pos += 8;
         }
