@@ -282,8 +282,8 @@ std::string as_zip64(const std::string& bytes) {
     put_le(cd, ~uint64_t{0}, 8);
     put_le(cd, e.name.size(), 2);
     put_le(cd, 28, 2);  // extra
-    put_le(cd, 0, 6);  // comment length, disk, internal attributes
-    put_le(cd, 0, 4);  // external attributes
+    put_le(cd, 0, 6);   // comment length, disk, internal attributes
+    put_le(cd, 0, 4);   // external attributes
     put_le(cd, 0xFFFFFFFF, 4);
     cd += e.name;
     put_le(cd, 1, 2);
