@@ -53,6 +53,12 @@ class Bytes {
     const int64_t lo = byte();
     return lo | (int64_t{byte()} << 8);
   }
+  // Every byte not read yet; afterwards the input is exhausted.
+  std::string rest() {
+    std::string out(reinterpret_cast<const char*>(data_ + pos_), size_ - pos_);
+    pos_ = size_;
+    return out;
+  }
   template <typename T>
   T pick(const std::vector<T>& options) {
     return options[static_cast<size_t>(below(static_cast<int64_t>(options.size())))];
@@ -178,5 +184,6 @@ void fuzz_nadaraya_watson(Bytes& in);         // fuzz_modules.cpp
 void fuzz_seq2seq(Bytes& in);                 // fuzz_seq2seq.cpp
 void fuzz_encoder_decoder(Bytes& in);         // fuzz_seq2seq.cpp
 void fuzz_loading(Bytes& in);                 // fuzz_loading.cpp
+void fuzz_state_dict(Bytes& in);              // fuzz_state_dict.cpp
 
 }  // namespace d2l_fuzz

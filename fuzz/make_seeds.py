@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the starting seeds of fuzz/corpus: for each operation of
-fuzz_attention.cpp, a few inputs whose first byte selects it (byte % 14), the
+fuzz_attention.cpp, a few inputs whose first byte selects it (byte % 15), the
 second the kernels' instruction set, and the rest fixed pseudo-random choices.
 The committed corpus is these seeds merged (libFuzzer -merge=1) with inputs
 that added coverage in longer runs; see docs/reliability.md."""
@@ -11,7 +11,13 @@ import random
 
 OPERATIONS = ["sequence_mask", "masked_softmax", "masked_softmax_b", "dot_product",
               "dot_product_module", "additive_scores", "additive_module", "heatmaps",
-              "multi_head", "nadaraya_watson", "seq2seq", "encoder_decoder", "loading", "plot"]
+              "multi_head", "nadaraya_watson", "seq2seq", "encoder_decoder", "loading", "plot",
+              "state_dict"]
+# The state-dict area reads the rest of its input as a torch.save file: its
+# seeds are real ones (made by tests/fixtures/generate_state_dicts.py), after
+# the operation, instruction-set and mode bytes.
+STATE_DICT_FILES = ["state_additive_torch113.pt", "state_dtypes_proto4_torch211.pt"]
+FIXTURES = pathlib.Path(__file__).parent.parent / "tests" / "fixtures"
 
 
 def main():
@@ -21,6 +27,11 @@ def main():
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for op, name in enumerate(OPERATIONS):
+        if name == "state_dict":
+            for k, file in enumerate(STATE_DICT_FILES):
+                body = bytes([op, k % 2, k % 3]) + (FIXTURES / file).read_bytes()
+                (args.out / f"seed-{name}-{k}").write_bytes(body)
+            continue
         for k in range(args.per_op):
             rng = random.Random(1000 * op + k)
             body = bytes([op, k % 2]) + bytes(rng.randrange(256) for _ in range(24 + 16 * k))

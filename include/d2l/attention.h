@@ -11,5 +11,6 @@
 #include <d2l/nadaraya_watson.h>
 #include <d2l/seq2seq.h>
 #include <d2l/sequence_mask.h>
+#include <d2l/state_dict.h>
 #include <d2l/torch_version.h>
 #include <d2l/version.h>

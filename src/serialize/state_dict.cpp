@@ -1,0 +1,233 @@
+// The public state-dict functions: a torch.save'd zip archive read through
+// zip.h and pickle.h and checked against a module before anything is
+// assigned; and the writer of the same format.
+
+#include <d2l/state_dict.h>
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <fmt/ranges.h>
+#include <torch/utils.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string_view>
+
+#include "checks.h"
+#include "serialize/pickle.h"
+#include "serialize/zip.h"
+
+namespace d2l {
+namespace {
+
+using serialize::Source;
+using serialize::StateDict;
+
+constexpr const char* kStream = "<stream>";
+
+std::string read_all(std::istream& in, const Source& source) {
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) source.fail("read failed");
+  return bytes;
+}
+
+std::string read_file(const Source& source) {
+  std::ifstream in(source.path, std::ios::binary);
+  if (!in) source.fail("cannot open the file (missing or unreadable)");
+  return read_all(in, source);
+}
+
+// The folder that holds data.pkl: torch.save names it after the file (1.13)
+// or "archive" (2.x).
+std::string record_prefix(const serialize::ZipReader& zip, const Source& source) {
+  for (const auto& e : zip.entries()) {
+    const auto slash = e.name.find('/');
+    if (slash != std::string::npos && e.name.compare(slash, std::string::npos, "/data.pkl") == 0) {
+      return e.name.substr(0, slash + 1);
+    }
+  }
+  source.fail("the zip archive has no <folder>/data.pkl record: not a file written by torch.save");
+}
+
+torch::Tensor load_storage(const serialize::ZipReader& zip, const std::string& prefix,
+                           const std::string& key, c10::ScalarType dtype, int64_t numel,
+                           const Source& source) {
+  const std::string name = prefix + "data/" + key;
+  const auto* entry = zip.find(name);
+  if (entry == nullptr) source.fail(fmt::format("storage record '{}' is missing", name));
+  const auto bytes = zip.read(*entry);
+  const auto item = static_cast<int64_t>(c10::elementSize(dtype));
+  if (numel > static_cast<int64_t>(bytes.size()) / item) {
+    source.fail(fmt::format("storage record '{}' holds {} bytes, too few for {} elements of {}",
+                            name, bytes.size(), numel, c10::toString(dtype)));
+  }
+  auto storage = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+  if (numel > 0) std::memcpy(storage.data_ptr(), bytes.data(), static_cast<size_t>(numel * item));
+  // Any nonzero byte is True to Python; a bool tensor must hold 0 or 1.
+  if (dtype == c10::kBool) storage = storage.view(c10::kByte).ne(0);
+  return storage;
+}
+
+StateDict read_bytes(const std::string& bytes, const Source& source) {
+  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80) {
+    source.fail(
+        "this is the legacy torch.save format (before PyTorch 1.6, a bare pickle), which is not "
+        "supported; re-save it in Python with torch.save(..., "
+        "_use_new_zipfile_serialization=True)");
+  }
+  if (bytes.size() < 4 || bytes.compare(0, 4, "PK\x03\x04") != 0) {
+    source.fail("not a zip archive (torch.save's format starts with \"PK\\x03\\x04\")");
+  }
+  const serialize::ZipReader zip(bytes, source);
+  const std::string prefix = record_prefix(zip, source);
+  if (const auto* order = zip.find(prefix + "byteorder")) {
+    const auto value = zip.read(*order);
+    if (value != "little") {
+      source.fail(fmt::format("byteorder '{}' is not supported (only little-endian files)", value));
+    }
+  }
+  const auto pkl = zip.read(*zip.find(prefix + "data.pkl"));
+  return serialize::unpickle_state_dict(
+      pkl,
+      [&](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+        return load_storage(zip, prefix, key, dtype, numel, source);
+      },
+      source);
+}
+
+// Python's state_dict() order: a module's parameters, its buffers, then each
+// child's, recursively.
+void collect(const torch::nn::Module& module, const std::string& prefix, StateDict& out) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false))
+    out.emplace_back(prefix + p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/false))
+    out.emplace_back(prefix + b.key(), b.value());
+  for (const auto& c : module.named_children()) collect(*c.value(), prefix + c.key() + ".", out);
+}
+
+std::string describe(const torch::Tensor& t) {
+  return fmt::format("{} {}", c10::toString(t.scalar_type()), detail::shape_of(t));
+}
+
+void apply(torch::nn::Module& module, const StateDict& entries, bool strict, const Source& source) {
+  StateDict own;
+  collect(module, "", own);
+  std::map<std::string, torch::Tensor> targets(own.begin(), own.end());
+  std::set<std::string> seen;
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [key, value] : entries) {
+    seen.insert(key);
+    const auto it = targets.find(key);
+    if (it == targets.end()) {
+      unexpected.push_back(key);
+    } else if (value.sizes() != it->second.sizes() ||
+               value.scalar_type() != it->second.scalar_type()) {
+      mismatched.push_back(
+          fmt::format("{} (file {}, module {})", key, describe(value), describe(it->second)));
+    }
+  }
+  for (const auto& [key, value] : own) {
+    if (seen.count(key) == 0) missing.push_back(key);
+  }
+  std::string problems;
+  const auto add = [&](const char* what, const std::vector<std::string>& keys) {
+    if (keys.empty()) return;
+    problems += fmt::format("{}{} ({}): {}", problems.empty() ? "" : "; ", what, keys.size(),
+                            fmt::join(keys, ", "));
+  };
+  add("shape or dtype mismatch", mismatched);
+  if (strict) {
+    add("missing keys", missing);
+    add("unexpected keys", unexpected);
+  }
+  if (!problems.empty()) source.fail("the state dict does not fit the module: " + problems);
+  torch::NoGradGuard no_grad;
+  for (const auto& [key, value] : entries) {
+    const auto it = targets.find(key);
+    if (it != targets.end()) it->second.copy_(value);
+  }
+}
+
+void write(const StateDict& entries, std::ostream& out, const Source& source) {
+  StateDict copies;
+  std::set<std::string> keys;
+  for (const auto& [key, t] : entries) {
+    if (!keys.insert(key).second) source.fail(fmt::format("key '{}' appears twice", key));
+    if (!t.defined()) source.fail(fmt::format("tensor '{}' is undefined", key));
+    if (t.layout() != torch::kStrided || t.is_quantized() ||
+        serialize::storage_class(t.scalar_type()) == nullptr) {
+      source.fail(fmt::format(
+          "tensor '{}' is {} ({}): only dense tensors of float32/64, float16, bfloat16, "
+          "int8/16/32/64, uint8 or bool can be written",
+          key, c10::toString(t.scalar_type()), fmt::streamed(t.layout())));
+    }
+    copies.emplace_back(key, t.detach().to(torch::kCPU).contiguous());
+  }
+  serialize::ZipWriter zip(out, source);
+  const std::string folder = "archive/";
+  zip.add(folder + "data.pkl", serialize::pickle_state_dict(copies));
+  zip.add(folder + "byteorder", "little");
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const auto& t = copies[i].second;
+    zip.add(folder + "data/" + std::to_string(i),
+            std::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes()));
+  }
+  zip.add(folder + "version", "3\n");
+  zip.finish();
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(const std::string& path) {
+  const Source source{"d2l::read_state_dict", path};
+  return read_bytes(read_file(source), source);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(std::istream& in) {
+  const Source source{"d2l::read_state_dict", kStream};
+  return read_bytes(read_all(in, source), source);
+}
+
+void load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
+  const Source source{"d2l::load_state_dict", path};
+  apply(module, read_bytes(read_file(source), source), strict, source);
+}
+
+void load_state_dict(torch::nn::Module& module, std::istream& in, bool strict) {
+  const Source source{"d2l::load_state_dict", kStream};
+  apply(module, read_bytes(read_all(in, source), source), strict, source);
+}
+
+void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries,
+                      const std::string& path) {
+  const Source source{"d2l::write_state_dict", path};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) source.fail("cannot open the file for writing");
+  write(entries, out, source);
+}
+
+void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries,
+                      std::ostream& out) {
+  write(entries, out, Source{"d2l::write_state_dict", kStream});
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  StateDict entries;
+  collect(module, "", entries);
+  const Source source{"d2l::save_state_dict", path};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) source.fail("cannot open the file for writing");
+  write(entries, out, source);
+}
+
+void save_state_dict(const torch::nn::Module& module, std::ostream& out) {
+  StateDict entries;
+  collect(module, "", entries);
+  write(entries, out, Source{"d2l::save_state_dict", kStream});
+}
+
+}  // namespace d2l
