@@ -7,8 +7,8 @@
 // Python's `torch.load` (README, "Loading weights trained in Python").
 //
 // The reader is our own and trusts nothing in the file: every failure is a
-// c10::Error naming the function and the path, never a crash, and no
-// allocation exceeds the file's size.
+// c10::Error naming the function and the path, never a crash, and memory
+// stays within a small multiple of the file's size.
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
