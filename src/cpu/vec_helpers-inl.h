@@ -53,11 +53,20 @@ std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t pa
   return bounds;
 }
 
-// body(first, last) for each run of tasks, one run per thread.
+// body(first, last) for each run of tasks, one run per thread, and one run
+// per kGrain of cost at most: small work runs on the calling thread, with no
+// parallel region. Opening one per call cost more than the work at the
+// sizes of a seq2seq step, and far more when threads are oversubscribed
+// (LibTorch 2.x wheels bring their own OpenMP runtime beside ours).
 template <typename F>
 void parallel_runs(const std::vector<int64_t>& costs, const F& body) {
   if (costs.empty()) return;
-  const auto bounds = balanced_runs(costs, at::get_num_threads());
+  double total = 0;
+  for (const int64_t c : costs) total += static_cast<double>(c);
+  const auto parts = std::clamp<int64_t>(static_cast<int64_t>(total / kGrain), 1,
+                                         std::max(1, at::get_num_threads()));
+  if (parts == 1) return body(0, static_cast<int64_t>(costs.size()));
+  const auto bounds = balanced_runs(costs, parts);
   at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) body(bounds[r], bounds[r + 1]);
   });
