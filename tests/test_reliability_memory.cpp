@@ -7,6 +7,8 @@
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
 
+#include <ATen/Parallel.h>
+
 #include <fstream>
 #include <string>
 
@@ -44,8 +46,17 @@ int64_t resident_kib() {
 constexpr int64_t kAllowedGrowthKib = 4 * 1024;
 constexpr int kWarmupCalls = 500, kCalls = 10000;
 
+// The calls run on one intra-op thread: memory does not depend on the
+// thread count, and on LibTorch 2.11 ATen's softmax opens a parallel region
+// per call even at these sizes, so that under `ctest -j 2` on two cores the
+// 10,000 calls took 80 s to over 300 s (1 thread: under 10 s).
 template <typename Step>
 int64_t growth_kib_over_calls(Step step) {
+  struct OneThread {
+    int saved = at::get_num_threads();
+    OneThread() { at::set_num_threads(1); }
+    ~OneThread() { at::set_num_threads(saved); }
+  } one_thread;
   for (int call = 0; call < kWarmupCalls; ++call) step();
   const int64_t before = resident_kib();
   for (int call = kWarmupCalls; call < kCalls; ++call) step();
