@@ -96,6 +96,18 @@ std::tuple<torch::Tensor, DecoderState> EncoderDecoderImpl::forward(
               fmt::format("{}: enc_X and dec_X must be (batch_size, num_steps) "
                           "with the same batch size, got enc_X {} and dec_X {}",
                           fn, detail::shape_of(enc_X), detail::shape_of(dec_X)));
+  // Against the model's device first: with the model on CUDA and one input
+  // left on the CPU, the error names that input, not its neighbour.
+  const auto params = parameters();
+  if (!params.empty()) {
+    const auto& ref = params.front();
+    constexpr const char* ref_name = "the model's parameters";
+    detail::check_same_device(fn, ref_name, ref, "enc_X", enc_X);
+    detail::check_same_device(fn, ref_name, ref, "dec_X", dec_X);
+    if (enc_valid_lens.defined()) {
+      detail::check_same_device(fn, ref_name, ref, "enc_valid_lens", enc_valid_lens);
+    }
+  }
   if (enc_valid_lens.defined()) {
     // Checked here too: an encoder or decoder of the user's may not check it.
     TORCH_CHECK(enc_valid_lens.dim() == 1 && enc_valid_lens.size(0) == enc_X.size(0),

@@ -392,7 +392,19 @@ TEST(Seq2Seq, CudaMatchesCpuWhenAvailable) {
   const auto [cuda_output, cuda_state] = model(X.cuda(), Y.cuda(), lens.cuda());
   EXPECT_LT(max_rel_error(cuda_output, cpu_output), 1e-10);
   EXPECT_LT(max_rel_error(cuda_state.hidden_state, cpu_state.hidden_state), 1e-10);
+  // Each input left on the CPU is named, against the model's device.
+  constexpr const char* kModel = "d2l::EncoderDecoder: ";
   EXPECT_THAT(error_message([&] { model(X, Y.cuda(), lens.cuda()); }),
+              HasSubstr(std::string(kModel) + "enc_X must be on the same device as the model's "
+                                              "parameters (cuda:0), got cpu"));
+  EXPECT_THAT(error_message([&] { model(X.cuda(), Y, lens.cuda()); }),
+              HasSubstr(std::string(kModel) + "dec_X must be on the same device as the model's "
+                                              "parameters (cuda:0), got cpu"));
+  EXPECT_THAT(error_message([&] { model(X.cuda(), Y.cuda(), lens); }),
+              HasSubstr(std::string(kModel) + "enc_valid_lens must be on the same device as the "
+                                              "model's parameters (cuda:0), got cpu"));
+  // The encoder alone names its own parameter.
+  EXPECT_THAT(error_message([&] { model->encoder->forward(X, lens.cuda()); }),
               HasSubstr("X must be on the same device as embedding.weight (cuda:0), got cpu"));
 }
 
