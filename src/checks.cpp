@@ -4,7 +4,9 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace d2l::detail {
 
@@ -56,9 +58,10 @@ void check_same_dtype(const char* fn, const char* ref_name, const torch::Tensor&
 namespace {
 
 template <typename T>
-void scan_lengths(const char* fn, const char* name, const torch::Tensor& lens) {
+LengthRange scan_lengths(const char* fn, const char* name, const torch::Tensor& lens) {
   const auto contiguous = lens.contiguous();
   const T* data = contiguous.data_ptr<T>();
+  LengthRange range{std::numeric_limits<double>::infinity(), 0, torch::Tensor()};
   for (int64_t i = 0, n = contiguous.numel(); i < n; ++i) {
     const double v = static_cast<double>(data[i]);
     TORCH_CHECK(
@@ -67,32 +70,59 @@ void scan_lengths(const char* fn, const char* name, const torch::Tensor& lens) {
     TORCH_CHECK(v >= 0,
                 fmt::format("{}: {} must hold non-negative lengths, got {} at flat index {}", fn,
                             name, v, i));
+    range.shortest = std::min(range.shortest, v);
+    range.longest = std::max(range.longest, v);
   }
+  return range;
 }
 
 }  // namespace
 
-void check_length_values(const char* fn, const char* name, const torch::Tensor& lens) {
+std::optional<LengthRange> check_length_values(const char* fn, const char* name,
+                                               const torch::Tensor& lens) {
   const auto dtype = lens.scalar_type();
   TORCH_CHECK((at::isIntegralType(dtype, /*includeBool=*/false) || at::isFloatingType(dtype)),
               fmt::format("{}: {} must have an integer dtype (or a floating-point one holding "
                           "whole numbers), got {}",
                           fn, name, c10::toString(dtype)));
-  if (lens.numel() == 0) return;
+  if (lens.numel() == 0) return std::nullopt;
   if (lens.device().is_cpu()) {
+    LengthRange range;
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "d2l::check_length_values",
-                               [&] { scan_lengths<scalar_t>(fn, name, lens); });
-    return;
+                               [&] { range = scan_lengths<scalar_t>(fn, name, lens); });
+    return range;
   }
-  // Off the CPU one reduction (and one synchronisation) answers both questions.
-  const auto as_double = lens.to(torch::kDouble);
-  const bool bad = (as_double < 0).logical_or(as_double.floor() != as_double).any().item<bool>();
-  if (bad) scan_lengths<double>(fn, name, as_double.cpu());
+  // Off the CPU, a few lengths are copied to the host and scanned there (the
+  // call's one synchronisation, and one op); many are reduced on the device
+  // and one small copy brings the range and, for floating-point lengths,
+  // whether any is fractional or not finite.
+  if (lens.numel() <= kHostCopyLimit) {
+    auto on_host = lens.to(torch::kCPU);
+    auto range = *check_length_values(fn, name, on_host);
+    range.on_host = std::move(on_host);
+    return range;
+  }
+  torch::Tensor stats;
+  if (at::isIntegralType(dtype, /*includeBool=*/false)) {
+    const auto [lo, hi] = torch::aminmax(lens);
+    stats = torch::stack({lo, hi}).to(torch::kDouble);
+  } else {
+    const auto as_double = lens.to(torch::kDouble);
+    const auto [lo, hi] = torch::aminmax(as_double);
+    stats = torch::stack({lo, hi, (as_double.floor() != as_double).any().to(torch::kDouble)});
+  }
+  stats = stats.cpu();
+  const double* v = stats.data_ptr<double>();
+  const bool fractional = stats.numel() > 2 && v[2] != 0;
+  if (fractional || v[0] < 0 || !std::isfinite(v[1])) {
+    scan_lengths<double>(fn, name, lens.to(torch::kDouble).cpu());
+  }
+  return LengthRange{v[0], v[1], torch::Tensor()};
 }
 
-void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const char* scores_name,
-                      const torch::Tensor& scores) {
-  if (!valid_lens.defined()) return;
+std::optional<LengthRange> check_valid_lens(const char* fn, const torch::Tensor& valid_lens,
+                                            const char* scores_name, const torch::Tensor& scores) {
+  if (!valid_lens.defined()) return std::nullopt;
   check_strided_layout(fn, "valid_lens", valid_lens);
   const int64_t batch = scores.size(0);
   const int64_t queries = scores.size(1);
@@ -104,7 +134,7 @@ void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const cha
                                     fn, batch, batch, queries, scores_name, shape_of(scores),
                                     shape_of(valid_lens)));
   check_same_device(fn, scores_name, scores, "valid_lens", valid_lens);
-  check_length_values(fn, "valid_lens", valid_lens);
+  return check_length_values(fn, "valid_lens", valid_lens);
 }
 
 void check_dropout(const char* fn, double p) {
@@ -124,8 +154,9 @@ bool cpu_float16_matmul_available() {
   return available;
 }
 
-void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-               const torch::Tensor& values, const torch::Tensor& valid_lens) {
+std::optional<LengthRange> check_qkv(const char* fn, const torch::Tensor& queries,
+                                     const torch::Tensor& keys, const torch::Tensor& values,
+                                     const torch::Tensor& valid_lens) {
   check_floating(fn, "queries", queries, 3);
   check_floating(fn, "keys", keys, 3);
   check_floating(fn, "values", values, 3);
@@ -141,13 +172,14 @@ void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor
   check_same_device(fn, "queries", queries, "values", values);
   check_same_dtype(fn, "queries", queries, "keys", keys);
   check_same_dtype(fn, "queries", queries, "values", values);
-  check_valid_lens(fn, valid_lens, "queries", queries);
+  const auto range = check_valid_lens(fn, valid_lens, "queries", queries);
   TORCH_CHECK(queries.scalar_type() != torch::kHalf || !queries.device().is_cpu() ||
                   cpu_float16_matmul_available(),
               fmt::format("{}: float16 on the CPU needs LibTorch 2.x (this LibTorch has no float16 "
                           "matrix product on the CPU), got float16 queries {}; use bfloat16 or "
                           "float32 on the CPU, or float16 on CUDA",
                           fn, shape_of(queries)));
+  return range;
 }
 
 }  // namespace d2l::detail

@@ -5,6 +5,7 @@
 
 #include <torch/types.h>
 
+#include <optional>
 #include <string>
 
 namespace d2l::detail {
@@ -30,15 +31,33 @@ void check_same_device(const char* fn, const char* ref_name, const torch::Tensor
 void check_same_dtype(const char* fn, const char* ref_name, const torch::Tensor& ref,
                       const char* name, const torch::Tensor& other);
 
+/// The shortest and the longest of a checked lengths tensor. Off the CPU,
+/// reading them is the check's one synchronisation, so the paths that can use
+/// them (narrowing keys to the longest length, leaving out a mask that masks
+/// nothing) take them from the check instead of reading the device again.
+struct LengthRange {
+  double shortest = 0;
+  double longest = 0;
+  /// The lengths on the CPU where the check copied them there (lengths on
+  /// another device with at most kHostCopyLimit values); otherwise undefined.
+  torch::Tensor on_host;
+};
+
+/// Lengths off the CPU with at most this many values are checked on the
+/// host: one copy, where the reduction on the device takes several ops.
+constexpr int64_t kHostCopyLimit = int64_t{1} << 16;
+
 /// Lengths for scores of shape (batch, queries, keys) held by `scores_name`:
 /// undefined, or 1-D (batch) or 2-D (batch, queries), on the scores' device,
 /// holding whole non-negative numbers (any integer dtype, or floating point
-/// holding whole numbers).
-void check_valid_lens(const char* fn, const torch::Tensor& valid_lens, const char* scores_name,
-                      const torch::Tensor& scores);
+/// holding whole numbers). Their range; nullopt when undefined or empty.
+std::optional<LengthRange> check_valid_lens(const char* fn, const torch::Tensor& valid_lens,
+                                            const char* scores_name, const torch::Tensor& scores);
 
-/// The values of a lengths tensor: numeric, whole and non-negative.
-void check_length_values(const char* fn, const char* name, const torch::Tensor& lens);
+/// The values of a lengths tensor: numeric, whole and non-negative. Their
+/// range; nullopt when empty.
+std::optional<LengthRange> check_length_values(const char* fn, const char* name,
+                                               const torch::Tensor& lens);
 
 /// `p` must be a probability in [0, 1] (NaN is not one).
 void check_dropout(const char* fn, double p);
@@ -48,8 +67,10 @@ bool cpu_float16_matmul_available();
 
 /// Shapes common to every attention scorer: queries (B, n, *), keys (B, m, *),
 /// values (B, m, v), valid_lens (B) or (B, n); one dtype and one device; and
-/// no float16 on a CPU without float16 matrix products.
-void check_qkv(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-               const torch::Tensor& values, const torch::Tensor& valid_lens);
+/// no float16 on a CPU without float16 matrix products. The range of
+/// valid_lens (check_valid_lens).
+std::optional<LengthRange> check_qkv(const char* fn, const torch::Tensor& queries,
+                                     const torch::Tensor& keys, const torch::Tensor& values,
+                                     const torch::Tensor& valid_lens);
 
 }  // namespace d2l::detail

@@ -25,39 +25,63 @@ namespace detail {
 
 namespace {
 
-// LibTorch's SDPA with our masking contract (Path::kSdpa).
+// LibTorch's SDPA with our masking contract (Path::kSdpa). `range` is the
+// lengths' (checked) range: it lets the mask go where it masks nothing and
+// the keys past the longest length go without reading the device again.
 torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& keys,
                              const torch::Tensor& values, const torch::Tensor& valid_lens,
-                             double dropout) {
+                             const std::optional<LengthRange>& range, double dropout) {
 #if D2L_HAS_SDPA
   const int64_t batch = queries.size(0);
   int64_t m = keys.size(1);
   torch::Tensor attend, no_valid_key, visible_keys = keys, visible_values = values;
-  if (valid_lens.defined()) {
+  if (valid_lens.defined() && range) {
     // Keys past the longest length of the batch are seen by no query: drop
-    // them (a view). On the CPU the maximum costs nothing to read; on CUDA
-    // it would synchronise, so there every key goes in.
-    if (valid_lens.device().is_cpu()) {
-      const auto longest = valid_lens.max().item<double>();
-      m = std::max<int64_t>(1, std::min<int64_t>(m, static_cast<int64_t>(longest)));
+    // them (a view).
+    m = std::max<int64_t>(1, static_cast<int64_t>(std::min<double>(m, range->longest)));
+    if (m < keys.size(1)) {
       visible_keys = keys.narrow(1, 0, m);
       visible_values = values.narrow(1, 0, m);
     }
-    // Lengths as (B, 1) or (B, n); the mask broadcasts over queries for the
-    // former, so it stays (B, 1, 1, m).
-    const auto lens = valid_lens.dim() == 1 ? valid_lens.view({batch, 1}) : valid_lens;
-    const auto positions = torch::arange(m, lens.options().dtype(torch::kLong));
-    no_valid_key = (lens <= 0).unsqueeze(-1);
-    // A row with no valid key attends to every key here and is zeroed below:
-    // a fully masked row is NaN in SDPA before 2.5, and its zeros from 2.5 on
-    // are not promised by every CUDA backend.
-    attend = (positions < lens.unsqueeze(-1)).logical_or(no_valid_key);
-    // Keys that no query of an example may see are zeroed: SDPA applies the
-    // boolean mask as an additive -inf, which would turn an inf or NaN score
-    // of a padding key into NaN where the composite path masks it out.
-    const auto max_len = std::get<0>(lens.max(1, /*keepdim=*/true));
-    visible_keys = visible_keys.masked_fill((positions >= max_len).unsqueeze(-1), 0);
-    attend = attend.unsqueeze(1);
+    // Every row sees every remaining key: no mask, and SDPA may take its
+    // unmasked kernels (flash attention on CUDA).
+    if (range->shortest < m && range->on_host.defined() && valid_lens.dim() == 1 &&
+        range->on_host.sizes() == valid_lens.sizes()) {
+      // Lengths the check copied to the host (a few, on CUDA): both masks
+      // are made there and go to the device in one copy, where making them
+      // on the device takes several ops.
+      const auto lens = range->on_host.to(torch::kLong).view({batch, 1});
+      const auto positions = torch::arange(m, lens.options());
+      const auto padding = positions >= lens;  // (B, m): keys no query may see
+      // A row with no valid key attends to every key and is zeroed below,
+      // as in the branch after this one.
+      auto sees = padding.logical_not();
+      if (range->shortest <= 0) sees = sees.logical_or(lens <= 0);
+      const auto masks = torch::stack({padding, sees}).to(keys.device());
+      visible_keys = visible_keys.masked_fill(masks[0].unsqueeze(-1), 0);
+      attend = masks[1].view({batch, 1, 1, m});
+      if (range->shortest <= 0) no_valid_key = (lens <= 0).unsqueeze(-1).to(keys.device());
+    } else if (range->shortest < m) {
+      // Lengths as (B, 1) or (B, n); the mask broadcasts over queries for
+      // the former, so it stays (B, 1, 1, m).
+      const auto lens = valid_lens.dim() == 1 ? valid_lens.view({batch, 1}) : valid_lens;
+      const auto positions = torch::arange(m, lens.options().dtype(torch::kLong));
+      attend = positions < lens.unsqueeze(-1);
+      if (range->shortest <= 0) {
+        // A row with no valid key attends to every key here and is zeroed
+        // below: a fully masked row is NaN in SDPA before 2.5, and its zeros
+        // from 2.5 on are not promised by every CUDA backend.
+        no_valid_key = (lens <= 0).unsqueeze(-1);
+        attend = attend.logical_or(no_valid_key);
+      }
+      // Keys that no query of an example may see are zeroed: SDPA applies
+      // the boolean mask as an additive -inf, which would turn an inf or NaN
+      // score of a padding key into NaN where the composite path masks it out.
+      const auto max_len =
+          lens.dim() == 2 && lens.size(1) > 1 ? std::get<0>(lens.max(1, /*keepdim=*/true)) : lens;
+      visible_keys = visible_keys.masked_fill((positions >= max_len).unsqueeze(-1), 0);
+      attend = attend.unsqueeze(1);
+    }
   }
   // An undefined tensor is not "no mask" to SDPA: it must be nullopt.
   const auto mask = attend.defined() ? std::optional<torch::Tensor>(attend) : std::nullopt;
@@ -67,21 +91,18 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
                  .squeeze(1);
   return no_valid_key.defined() ? out.masked_fill(no_valid_key, 0) : out;
 #else
-  (void)queries, (void)keys, (void)values, (void)valid_lens, (void)dropout;
+  (void)queries, (void)keys, (void)values, (void)valid_lens, (void)range, (void)dropout;
   TORCH_INTERNAL_ASSERT(false, "sdpa_attention without LibTorch 2.1");
 #endif
 }
 
 }  // namespace
-}  // namespace detail
-
-namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
-    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, double dropout, bool training, Path path, bool need_weights) {
-  constexpr const char* fn = "d2l::dot_product_attention";
-  detail::check_qkv(fn, queries, keys, values, valid_lens);
+    const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+    const torch::Tensor& values, const torch::Tensor& valid_lens,
+    const std::optional<LengthRange>& range, double dropout, bool training, Path path,
+    bool need_weights) {
   TORCH_CHECK(queries.size(2) == keys.size(2),
               fmt::format("{}: queries and keys must have the same feature size, got queries {} "
                           "and keys {}",
@@ -91,29 +112,40 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
               fmt::format("{}: queries and keys must have at least one feature (scores are "
                           "scaled by 1/sqrt(d)), got queries {} and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
-  detail::check_dropout(fn, dropout);
-  const auto chosen = detail::choose_dot_product_path(fn, path, queries, keys, values, dropout,
-                                                      training, need_weights);
+  check_dropout(fn, dropout);
+  const auto chosen =
+      choose_dot_product_path(fn, path, queries, keys, values, dropout, training, need_weights);
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
   switch (chosen) {
-    case detail::DotProductPath::kSdpa:
-      return {detail::sdpa_attention(queries, keys, values, valid_lens, training ? dropout : 0.0),
+    case DotProductPath::kSdpa:
+      return {sdpa_attention(queries, keys, values, valid_lens, range, training ? dropout : 0.0),
               torch::Tensor()};
-    case detail::DotProductPath::kFlash:
-      return detail::flash_attention(queries, keys, values, valid_lens, 1.0 / sqrt_d,
-                                     need_weights);
+    case DotProductPath::kFlash:
+      return flash_attention(queries, keys, values, valid_lens, 1.0 / sqrt_d, need_weights);
     default: break;
   }
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights =
-      chosen == detail::DotProductPath::kFusedSoftmax
-          ? detail::fused_masked_softmax_consuming(std::move(qk), valid_lens, 1.0 / sqrt_d)
-          : detail::composite_masked_softmax(qk / sqrt_d, valid_lens);
-  auto output = torch::bmm(detail::dropout_weights(weights, dropout, training), values);
+  auto weights = chosen == DotProductPath::kFusedSoftmax
+                     ? fused_masked_softmax_consuming(std::move(qk), valid_lens, 1.0 / sqrt_d)
+                     : composite_masked_softmax(qk / sqrt_d, valid_lens);
+  auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
+}
+
+}  // namespace detail
+
+namespace functional {
+
+std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens, double dropout, bool training, Path path, bool need_weights) {
+  constexpr const char* fn = "d2l::dot_product_attention";
+  const auto range = detail::check_qkv(fn, queries, keys, values, valid_lens);
+  return detail::dot_product_attention(fn, queries, keys, values, valid_lens, range, dropout,
+                                       training, path, need_weights);
 }
 
 }  // namespace functional

@@ -5,11 +5,25 @@
 // the flash autograd function in autograd/dot_product_attention.cpp, the
 // kernel in cpu/dot_product_attention_kernel.cpp.
 
+#include <d2l/backend.h>
 #include <torch/types.h>
 
+#include <optional>
 #include <tuple>
 
+#include "checks.h"
+
 namespace d2l::detail {
+
+/// functional::dot_product_attention after check_qkv: `range` is what the
+/// check returned for valid_lens (so that a caller which checked already,
+/// such as multi-head attention, does not read the lengths twice). Errors
+/// name `fn`.
+std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
+    const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+    const torch::Tensor& values, const torch::Tensor& valid_lens,
+    const std::optional<LengthRange>& range, double dropout, bool training, Path path,
+    bool need_weights);
 
 /// {softmax(scale · Q Kᵀ, masked by valid_lens) V, weights} by the flash CPU
 /// kernel (Note [Flash attention]). Without need_weights the weights are

@@ -9,6 +9,7 @@
 
 #include "attention_weights.h"
 #include "checks.h"
+#include "dot_product_attention.h"
 
 namespace d2l {
 namespace {
@@ -98,7 +99,7 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   detail::check_strided_layout(fn, "keys", keys);
   detail::check_strided_layout(fn, "values", values);
   detail::check_strided_layout(fn, "valid_lens", valid_lens);
-  detail::check_qkv(fn, queries, keys, values, valid_lens);
+  auto range = detail::check_qkv(fn, queries, keys, values, valid_lens);
   if (module_options != nullptr) {
     check_module_inputs(fn, *module_options, queries, keys, values, o.W_q());
   }
@@ -120,11 +121,15 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   // Head b * heads + i belongs to batch element b: each length is repeated per head.
   const auto lens =
       valid_lens.defined() ? valid_lens.repeat_interleave(heads, /*dim=*/0) : valid_lens;
-  auto [output, weights] = functional::dot_product_attention(
-      transpose_qkv(F::linear(queries, o.W_q(), o.b_q()), heads),
+  // Repeating the lengths keeps their range: the check above stands for them.
+  if (range && range->on_host.defined()) {
+    range->on_host = range->on_host.repeat_interleave(heads, /*dim=*/0);
+  }
+  auto [output, weights] = detail::dot_product_attention(
+      "d2l::dot_product_attention", transpose_qkv(F::linear(queries, o.W_q(), o.b_q()), heads),
       transpose_qkv(F::linear(keys, o.W_k(), o.b_k()), heads),
-      transpose_qkv(F::linear(values, o.W_v(), o.b_v()), heads), lens, o.dropout(), o.training(),
-      o.path(), o.need_weights());
+      transpose_qkv(F::linear(values, o.W_v(), o.b_v()), heads), lens, range, o.dropout(),
+      o.training(), o.path(), o.need_weights());
   return {F::linear(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
 

@@ -394,4 +394,44 @@ TEST(MultiHeadAttention, RunsOnCudaWhenAvailable) {
   EXPECT_LT(max_rel_error(out.cpu(), cpu_out), 1e-5);
 }
 
+// Without recorded weights multi-head attention takes SDPA on CUDA, with the
+// per-head lengths (each repeated num_heads times) made into its mask:
+// forward and backward against the CPU, for every kind of lengths.
+TEST(MultiHeadAttention, SdpaOnCudaMatchesTheCpuForwardAndBackward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(21);
+  const auto options = d2l::MultiHeadAttentionOptions(6, 5, 7, 8, 4).bias(true);
+  const auto q0 = torch::randn({3, 5, 5}, torch::kDouble),
+             k0 = torch::randn({3, 9, 6}, torch::kDouble),
+             v0 = torch::randn({3, 9, 7}, torch::kDouble);
+  for (const auto& lens : {torch::Tensor(), torch::tensor({4, 9, 2}), torch::tensor({0, 3, 12}),
+                           torch::tensor({5, 5, 5}), torch::randint(0, 11, {3, 5})}) {
+    for (bool record : {false, true}) {
+      d2l::MultiHeadAttention attention(
+          d2l::MultiHeadAttentionOptions(options).record_attention_weights(record));
+      attention->to(torch::kDouble);
+      auto run = [&](const torch::Device& device) {
+        // Copies: to(kCPU) of a CPU tensor is the tensor itself.
+        auto q = q0.to(device).clone().requires_grad_(), k = k0.to(device).clone().requires_grad_(),
+             v = v0.to(device).clone().requires_grad_();
+        attention->to(device);
+        attention->zero_grad(/*set_to_none=*/true);
+        const auto out = attention(q, k, v, lens.defined() ? lens.to(device) : lens);
+        out.pow(2).sum().backward();
+        return std::vector<torch::Tensor>{out.cpu(), q.grad().cpu(), k.grad().cpu(), v.grad().cpu(),
+                                          attention->W_q->weight.grad().cpu()};
+      };
+      const auto cpu = run(torch::kCPU);
+      const auto cuda = run(torch::kCUDA);
+      const std::string what =
+          (lens.defined() ? std::to_string(lens.dim()) + "-D lengths" : std::string("no lengths")) +
+          (record ? ", weights" : ", no weights");
+      const char* names[] = {"output", "dq", "dk", "dv", "dW_q"};
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        EXPECT_LT(max_rel_error(cuda[i], cpu[i]), 1e-9) << what << " " << names[i];
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -85,7 +85,11 @@ std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {
   return {torch::Tensor(), torch::randint(0, m + 3, {B}),    // 0, below, at and above m
           torch::randint(0, m + 3, {B, n}),                  // per query
           torch::randint(0, m + 3, {B}).to(torch::kDouble),  // whole numbers in float
-          torch::zeros({B}, torch::kLong)};                  // no valid key at all
+          torch::zeros({B}, torch::kLong),                   // no valid key at all
+          // The SDPA path's shortcuts: no row without a key (no fix-up), one
+          // length for all (keys narrowed, no mask), every key valid (no mask).
+          torch::randint(1, m + 1, {B, n}), torch::full({B}, (m + 1) / 2, torch::kLong),
+          torch::full({B}, m + 1, torch::kInt)};
 }
 
 // Forward and backward of the SDPA path against the composite oracle.
@@ -150,7 +154,8 @@ TEST(Platform, SdpaKeepsNonFinitePaddingKeysOut) {
     // Keys at and past the longest length of each example are padding.
     k.index_put_({0, 4}, bad);
     k.index_put_({1, 2}, bad);
-    for (const auto& lens : {torch::tensor({4, 2}), torch::tensor({{4, 1, 0}, {2, 2, 1}})}) {
+    for (const auto& lens :
+         {torch::tensor({4, 2}), torch::tensor({{4, 1, 0}, {2, 2, 1}}), torch::tensor({2, 2})}) {
       const auto inputs = std::vector<torch::Tensor>{q.clone(), k.clone(), v.clone()};
       const auto sdpa = std::get<0>(dot(q, k, v, lens, Path::kSdpa));
       const auto composite = std::get<0>(dot(q, k, v, lens, Path::kComposite));
@@ -328,6 +333,30 @@ TEST(PlatformCuda, MixedDevicesAreClearErrors) {
                           "queries (cuda:0), got cpu"));
     EXPECT_THAT(error_message([&] { dot(q, k.cpu(), v, {}, path); }),
                 HasSubstr("keys must be on the same device as queries (cuda:0), got cpu"));
+  }
+}
+
+// The lengths are read back in one copy on CUDA: each kind of bad value still
+// gets the CPU's message, with its index.
+TEST(PlatformCuda, BadLengthsAreClearErrors) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto q = torch::randn({2, 3, 4}).cuda(), k = torch::randn({2, 5, 4}).cuda(),
+             v = torch::randn({2, 5, 2}).cuda();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<torch::Tensor, std::string>> cases = {
+      {torch::tensor({2, -1}), "valid_lens must hold non-negative lengths, got -1 at flat index 1"},
+      {torch::tensor({1.5, 2.0}), "valid_lens must hold whole numbers, got 1.5 at flat index 0"},
+      {torch::tensor({2.0, inf}), "valid_lens must hold whole numbers, got inf at flat index 1"},
+      {torch::tensor({std::nan(""), 1.0}),
+       "valid_lens must hold whole numbers, got nan at flat index 0"},
+      {torch::tensor({-inf, 1.0}), "valid_lens must hold whole numbers, got -inf at flat index 0"}};
+  for (Path path : {Path::kAuto, Path::kComposite, Path::kSdpa}) {
+    if (path == Path::kSdpa && !d2l::sdpa_available()) continue;
+    for (const auto& [lens, message] : cases) {
+      EXPECT_THAT(error_message([&, &lens = lens] { dot(q, k, v, lens.cuda(), path); }),
+                  HasSubstr("d2l::dot_product_attention: " + message))
+          << d2l::to_string(path);
+    }
   }
 }
 
