@@ -19,6 +19,7 @@
 #include "dot_product_attention.h"
 #include "masked_softmax.h"
 #include "path.h"
+#include "sequence_mask.h"
 
 namespace d2l {
 namespace detail {
@@ -50,8 +51,9 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
       // Lengths the check copied to the host (a few, on CUDA): both masks
       // are made there and go to the device in one copy, where making them
       // on the device takes several ops.
-      const auto lens = range->on_host.to(torch::kLong).view({batch, 1});
-      const auto positions = torch::arange(m, lens.options());
+      // In double: exact for every checked length, 1e20 included.
+      const auto lens = range->on_host.to(torch::kDouble).view({batch, 1});
+      const auto positions = torch::arange(m, lens.options().dtype(torch::kLong));
       const auto padding = positions >= lens;  // (B, m): keys no query may see
       // A row with no valid key attends to every key and is zeroed below,
       // as in the branch after this one.
@@ -64,7 +66,8 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
     } else if (range->shortest < m) {
       // Lengths as (B, 1) or (B, n); the mask broadcasts over queries for
       // the former, so it stays (B, 1, 1, m).
-      const auto lens = valid_lens.dim() == 1 ? valid_lens.view({batch, 1}) : valid_lens;
+      const auto comparable = comparable_lengths(valid_lens);
+      const auto lens = comparable.dim() == 1 ? comparable.view({batch, 1}) : comparable;
       const auto positions = torch::arange(m, lens.options().dtype(torch::kLong));
       attend = positions < lens.unsqueeze(-1);
       if (range->shortest <= 0) {

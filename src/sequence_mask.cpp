@@ -12,10 +12,15 @@
 namespace d2l {
 namespace detail {
 
+torch::Tensor comparable_lengths(const torch::Tensor& lens) {
+  const auto dtype = lens.scalar_type();
+  return dtype == torch::kHalf || dtype == torch::kBFloat16 ? lens.to(torch::kFloat) : lens;
+}
+
 torch::Tensor length_mask(const torch::Tensor& lens, int64_t rows, int64_t cols) {
   // (rows) or (batch, queries) lengths against arange(cols): true where valid.
   const auto positions = torch::arange(cols, lens.options().dtype(torch::kLong));
-  return positions < lens.reshape({rows, 1});
+  return positions < comparable_lengths(lens).reshape({rows, 1});
 }
 
 }  // namespace detail

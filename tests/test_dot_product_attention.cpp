@@ -92,6 +92,31 @@ TEST(DotProductAttention, NonContiguousInputsAndEmptyBatch) {
   EXPECT_EQ(no_keys.abs().sum().item<float>(), 0);
 }
 
+// Lengths in float16 or bfloat16: compared exactly past 256 (bfloat16's
+// integer spacing is 2 there), and on LibTorch 1.13 float16 lengths once hit
+// ATen's missing CPU float16 clamp on the fused paths.
+TEST(DotProductAttention, ReducedPrecisionLengthsOnEveryPath) {
+  torch::manual_seed(23);
+  const auto q = torch::randn({2, 3, 8}, torch::kDouble),
+             k = torch::randn({2, 600, 8}, torch::kDouble),
+             v = torch::randn({2, 600, 4}, torch::kDouble);
+  for (const auto& lens :
+       {torch::tensor({276, 596}), torch::tensor({{276, 0, 596}, {304, 512, 1}})}) {
+    for (auto path : {d2l::Path::kAuto, d2l::Path::kComposite, d2l::Path::kFused}) {
+      for (bool weights : {true, false}) {
+        const auto expected =
+            d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, path, weights);
+        for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+          const auto got = d2l::functional::dot_product_attention(q, k, v, lens.to(dtype), 0.0,
+                                                                  false, path, weights);
+          EXPECT_TRUE(torch::equal(std::get<0>(got), std::get<0>(expected)))
+              << c10::toString(dtype) << " " << d2l::to_string(path) << " " << weights;
+        }
+      }
+    }
+  }
+}
+
 TEST(DotProductAttention, RejectsBadArguments) {
   d2l::DotProductAttention attention(0.0);
   const auto q = torch::randn({2, 1, 3}), k = torch::randn({2, 10, 3}),

@@ -40,6 +40,18 @@ TEST(SequenceMask, LengthsAboveTheRowLengthKeepEverything) {
   EXPECT_TRUE(torch::equal(d2l::sequence_mask(X, torch::tensor({9, 3})), X));
 }
 
+// ATen compares an int64 position with a bfloat16 length in bfloat16, where
+// position 275 rounds to 276: a length of 276 once let 275 columns through.
+TEST(SequenceMask, ReducedPrecisionLengthsAreComparedExactly) {
+  const auto X = torch::ones({4, 600});
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    const auto lens = torch::tensor({276, 304, 512, 600}).to(dtype);
+    const auto kept = d2l::sequence_mask(X, lens).sum(1);
+    EXPECT_TRUE(torch::equal(kept, torch::tensor({276.0f, 304.0f, 512.0f, 600.0f})))
+        << c10::toString(dtype) << ": " << kept;
+  }
+}
+
 TEST(SequenceMask, RejectsBadArguments) {
   EXPECT_THAT(error_message([] { d2l::sequence_mask(torch::ones({3}), torch::tensor({1})); }),
               HasSubstr("d2l::sequence_mask: X must be a tensor of at least 2 dimensions (N, L, "
@@ -149,6 +161,17 @@ TEST_P(MaskedSoftmax, EveryIntegerLengthDtypeGivesTheSameResult) {
                      torch::kFloat, torch::kDouble}) {
     const auto lens = torch::tensor({{1, 7, 3}, {0, 2, 5}}).to(dtype);
     EXPECT_TRUE(torch::equal(run(X, lens), expected)) << c10::toString(dtype);
+  }
+}
+
+TEST_P(MaskedSoftmax, ReducedPrecisionLengthsAreComparedExactly) {
+  const auto X = torch::randn({2, 3, 600}, torch::kDouble);
+  const auto lens = torch::tensor({{276, 304, 0}, {512, 596, 600}});
+  const auto expected = run(X, lens);
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    EXPECT_TRUE(torch::equal(run(X, lens.to(dtype)), expected)) << c10::toString(dtype);
+    EXPECT_TRUE(torch::equal(run(X, lens.select(1, 1).to(dtype)), run(X, lens.select(1, 1))))
+        << c10::toString(dtype) << ", (B) lengths";
   }
 }
 

@@ -136,6 +136,22 @@ TEST(Platform, SdpaMatchesTheCompositePathForwardAndBackward) {
   }
 }
 
+TEST(Platform, SdpaComparesReducedPrecisionLengthsExactly) {
+  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
+  torch::manual_seed(16);
+  const auto q = torch::randn({2, 3, 8}, torch::kDouble),
+             k = torch::randn({2, 600, 8}, torch::kDouble),
+             v = torch::randn({2, 600, 4}, torch::kDouble);
+  for (const auto& lens :
+       {torch::tensor({276, 304}), torch::tensor({{276, 0, 596}, {304, 512, 1}})}) {
+    const auto expected = std::get<0>(dot(q, k, v, lens, Path::kComposite));
+    for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+      const auto out = std::get<0>(dot(q, k, v, lens.to(dtype), Path::kSdpa));
+      EXPECT_LT(max_rel_error(out, expected), 1e-12) << c10::toString(dtype) << " " << lens.dim();
+    }
+  }
+}
+
 TEST(Platform, SdpaHandlesNonContiguousInputs) {
   if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
   torch::manual_seed(12);

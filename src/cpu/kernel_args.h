@@ -23,10 +23,11 @@ inline torch::Tensor lengths_arg(const torch::Tensor& valid_lens) {
   if (!valid_lens.defined()) return torch::empty({0}, torch::kLong);
   // A floating-point length may be a whole number beyond int64 (1e20), which
   // converts to a negative one; any length past the keys means "all valid".
+  // (LibTorch 1.13 has no float16 clamp on the CPU: float16 goes to float.)
   if (at::isFloatingType(valid_lens.scalar_type())) {
-    return valid_lens.clamp_max(static_cast<double>(int64_t{1} << 62))
-        .to(torch::kLong)
-        .contiguous();
+    const auto wide =
+        valid_lens.scalar_type() == torch::kHalf ? valid_lens.to(torch::kFloat) : valid_lens;
+    return wide.clamp_max(static_cast<double>(int64_t{1} << 62)).to(torch::kLong).contiguous();
   }
   // Skipping no-op conversions matters at toy sizes: each is a dispatcher call.
   const auto lens =
