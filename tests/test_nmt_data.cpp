@@ -34,9 +34,9 @@ std::string write_temp(const std::string& name, const std::string& bytes) {
 }
 
 TEST(NmtData, ReadDataNmtGivesTheBooksRawText) {
-  // The book prints raw_text[:75].
+  // The book prints raw_text[:75]: 75 characters, 76 bytes of UTF-8 (one Ç).
   const auto raw = d2l::read_data_nmt(kSample);
-  EXPECT_EQ(raw.substr(0, 75),
+  EXPECT_EQ(raw.substr(0, 76),
             "Go.\tVa !\nHi.\tSalut !\nRun!\tCours !\nRun!\tCourez !\nWho?\tQui ?\nWow!\t\xc3\x87" "a alors !\n");
 }
 
@@ -48,9 +48,9 @@ TEST(NmtData, ReadDataNmtAcceptsTheFileTheDirectoryAndTheZip) {
 }
 
 TEST(NmtData, PreprocessNmtGivesTheBooksText) {
-  // The book prints text[:80].
+  // The book prints text[:80]: 80 characters, 81 bytes of UTF-8 (one ç).
   const auto text = d2l::preprocess_nmt(d2l::read_data_nmt(kSample));
-  EXPECT_EQ(text.substr(0, 80),
+  EXPECT_EQ(text.substr(0, 81),
             "go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\t\xc3\xa7" "a alors !");
 }
 
