@@ -229,7 +229,8 @@ int translate(const Args& args) {
   auto model = make_model(lang, /*attention=*/true);
   torch::load(model, args.translate_model);
   model->to(args.device);
-  for (const auto& word : d2l::tokenize_nmt(args.translate_sentence + "\t").first.at(0)) {
+  const auto source = d2l::tokenize_nmt(args.translate_sentence + "\t").first;
+  for (const auto& word : source.at(0)) {
     if (lang.source_vocab[word] == Vocab::unk()) {
       fmt::print(stderr, "note: \"{}\" is not a source word (a..x); it reads as <unk>\n", word);
     }
