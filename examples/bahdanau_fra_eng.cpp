@@ -82,12 +82,13 @@ int run(const Args& args) {
   std::filesystem::create_directories(args.out);
   auto data = d2l::load_data_nmt(args.data, kBatchSize, kNumSteps, kNumExamples);
   fmt::print("{}: {} examples, vocabularies of {} and {} tokens; {} threads, device {}\n",
-             args.data, data.data_iter.num_examples(), data.src_vocab.size(),
-             data.tgt_vocab.size(), torch::get_num_threads(), args.device.str());
+             args.data, data.data_iter.num_examples(), data.src_vocab.size(), data.tgt_vocab.size(),
+             torch::get_num_threads(), args.device.str());
 
   d2l::Seq2SeqEncoder encoder(data.src_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers, kDropout);
   d2l::Seq2SeqAttentionDecoder decoder(
-      d2l::Seq2SeqOptions(data.tgt_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers).dropout(kDropout));
+      d2l::Seq2SeqOptions(data.tgt_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers)
+          .dropout(kDropout));
   d2l::EncoderDecoder net(encoder, decoder);
   const auto loss_svg = (args.out / "loss.svg").string();
   d2l::train_seq2seq(*net, data.data_iter, kLr, args.epochs, data.tgt_vocab, args.device,
@@ -95,11 +96,12 @@ int run(const Args& args) {
   fmt::print("wrote {}\n", loss_svg);
 
   const std::vector<std::string> engs{"go .", "i lost .", "he's calm .", "i'm home ."};
-  const std::vector<std::string> fras{"va !", "j'ai perdu .", "il est calme .", "je suis chez moi ."};
+  const std::vector<std::string> fras{"va !", "j'ai perdu .", "il est calme .",
+                                      "je suis chez moi ."};
   std::vector<torch::Tensor> dec_attention_weight_seq;
   for (size_t i = 0; i < engs.size(); ++i) {
-    auto [translation, weights] = d2l::predict_seq2seq(*net, engs[i], data.src_vocab, data.tgt_vocab,
-                                                       kNumSteps, args.device, true);
+    auto [translation, weights] = d2l::predict_seq2seq(
+        *net, engs[i], data.src_vocab, data.tgt_vocab, kNumSteps, args.device, true);
     fmt::print("{} => {}, bleu {:.3f}\n", engs[i], translation, d2l::bleu(translation, fras[i], 2));
     dec_attention_weight_seq = std::move(weights);
   }

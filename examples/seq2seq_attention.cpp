@@ -171,9 +171,9 @@ Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const La
   const auto start = std::chrono::steady_clock::now();
   // A fresh copy of the loader: both models see the same batches.
   auto loader = train;
-  result.losses = d2l::train_seq2seq(*model, loader, kLearningRate, args.epochs, lang.target_vocab,
-                                     args.device)
-                      .losses;
+  result.losses =
+      d2l::train_seq2seq(*model, loader, kLearningRate, args.epochs, lang.target_vocab, args.device)
+          .losses;
   const auto trained = std::chrono::steady_clock::now();
   result.train_seconds = std::chrono::duration<double>(trained - start).count();
 
@@ -211,9 +211,9 @@ d2l::Series loss_series(const Result& result, const std::string& label) {
 
 void draw_alignment(d2l::EncoderDecoder& model, const Language& lang, const Sentence& source,
                     const Args& args) {
-  const auto prediction = d2l::predict_seq2seq(
-      *model, fmt::format("{}", fmt::join(source, " ")), lang.source_vocab, lang.target_vocab,
-      kNumSteps, args.device, /*save_attention_weights=*/true);
+  const auto prediction = d2l::predict_seq2seq(*model, fmt::format("{}", fmt::join(source, " ")),
+                                               lang.source_vocab, lang.target_vocab, kNumSteps,
+                                               args.device, /*save_attention_weights=*/true);
   // One row per predicted token (and the <eos> step), one column per source
   // token and its <eos>, as the book's heatmap of one sentence.
   const auto source_len = static_cast<int64_t>(source.size()) + 1;
@@ -237,7 +237,7 @@ int translate(const Args& args) {
   }
   fmt::print("{}\n", d2l::predict_seq2seq(*model, args.translate_sentence, lang.source_vocab,
                                           lang.target_vocab, kNumSteps, args.device)
-                        .first);
+                         .first);
   return 0;
 }
 

@@ -125,7 +125,8 @@ std::string read_zip_entry(const std::string& bytes, const std::string& path) {
   const uint64_t count = le16(b, eocd + 10);
   uint64_t at = le32(b, eocd + 16);
   for (uint64_t i = 0; i < count; ++i) {
-    if (at + 46 > b.size() || le32(b, at) != 0x02014b50) fail(path, "corrupt zip central directory");
+    if (at + 46 > b.size() || le32(b, at) != 0x02014b50)
+      fail(path, "corrupt zip central directory");
     const uint16_t method = le16(b, at + 10);
     const uint32_t crc = le32(b, at + 16);
     const uint64_t csize = le32(b, at + 20), usize = le32(b, at + 24);
@@ -137,18 +138,22 @@ std::string read_zip_entry(const std::string& bytes, const std::string& path) {
     at += 46 + name_len + extra_len + comment_len;
     if (name != "fra.txt" && (name.size() < 8 || name.compare(name.size() - 8, 8, "/fra.txt") != 0))
       continue;
-    if (local + 30 > b.size() || le32(b, local) != 0x04034b50) fail(path, "corrupt zip local header");
+    if (local + 30 > b.size() || le32(b, local) != 0x04034b50)
+      fail(path, "corrupt zip local header");
     const uint64_t data = local + 30 + le16(b, local + 26) + le16(b, local + 28);
-    if (data + csize > b.size()) fail(path, fmt::format("{} runs past the end of the archive", name));
+    if (data + csize > b.size())
+      fail(path, fmt::format("{} runs past the end of the archive", name));
     if (method != 0 && method != 8) {
-      fail(path, fmt::format("{} uses zip compression method {} (only stored and deflated are read)",
-                             name, method));
+      fail(path,
+           fmt::format("{} uses zip compression method {} (only stored and deflated are read)",
+                       name, method));
     }
     std::string text = method == 0 ? std::string(b.substr(data, csize))
                                    : inflate_raw(b.substr(data, csize), usize, path);
-    const auto actual = ::crc32(0L, reinterpret_cast<const Bytef*>(text.data()),
-                                static_cast<uInt>(text.size()));
-    if (actual != crc) fail(path, fmt::format("{} in the archive is corrupt (CRC-32 mismatch)", name));
+    const auto actual =
+        ::crc32(0L, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size()));
+    if (actual != crc)
+      fail(path, fmt::format("{} in the archive is corrupt (CRC-32 mismatch)", name));
     return text;
   }
   fail(path, "the archive holds no fra.txt");
@@ -161,8 +166,7 @@ std::filesystem::path locate(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail(path, "no such file or directory");
   if (!fs::is_directory(path, ec)) return path;
-  for (const char* candidate :
-       {"fra.txt", "fra-eng/fra.txt", "fra-eng.zip"}) {
+  for (const char* candidate : {"fra.txt", "fra-eng/fra.txt", "fra-eng.zip"}) {
     const auto p = fs::path(path) / candidate;
     if (fs::is_regular_file(p, ec)) return p;
   }
@@ -174,7 +178,11 @@ int64_t first_invalid_utf8_line(std::string_view s) {
   int64_t line = 1;
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xE  ? 3
+                 : (c >> 3) == 0x1E ? 4
+                                    : 0;
     if (len == 0 || (len == 2 && c < 0xC2) || i + len > s.size()) return line;
     for (size_t k = 1; k < len; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return line;
@@ -220,7 +228,9 @@ namespace {
 // passed through as is when not valid).
 uint32_t decode(const std::string& s, size_t i, size_t& len) {
   const auto c = static_cast<unsigned char>(s[i]);
-  auto cont = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F); };
+  auto cont = [&](size_t k) {
+    return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F);
+  };
   if (c >= 0xC2 && c < 0xE0 && i + 1 < s.size()) {
     len = 2;
     return ((c & 0x1Fu) << 6) | cont(1);
@@ -248,12 +258,12 @@ void encode(uint32_t cp, std::string& out) {
 
 uint32_t lower(uint32_t cp) {
   if (cp >= 'A' && cp <= 'Z') return cp + 32;
-  if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 32;                // Latin-1
+  if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 32;  // Latin-1
   if (cp >= 0x100 && cp <= 0x17F && cp != 0x130 && cp != 0x138 && cp != 0x149 && cp != 0x17F) {
     const bool odd_upper = (cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E);
-    if (odd_upper ? (cp % 2 == 1) : (cp % 2 == 0)) return cp + 1;              // Latin Extended-A
+    if (odd_upper ? (cp % 2 == 1) : (cp % 2 == 0)) return cp + 1;  // Latin Extended-A
   }
-  if (cp == 0x178) return 0xFF;                                                 // Ÿ
+  if (cp == 0x178) return 0xFF;  // Ÿ
   return cp;
 }
 
@@ -302,9 +312,9 @@ std::vector<std::string> split_spaces(std::string_view s) {
 
 std::pair<std::vector<std::vector<std::string>>, std::vector<std::vector<std::string>>>
 tokenize_nmt(const std::string& text, int64_t num_examples) {
-  TORCH_CHECK(num_examples >= 0,
-              fmt::format("d2l::tokenize_nmt: num_examples must be >= 0 (0: all), got {}",
-                          num_examples));
+  TORCH_CHECK(
+      num_examples >= 0,
+      fmt::format("d2l::tokenize_nmt: num_examples must be >= 0 (0: all), got {}", num_examples));
   std::vector<std::vector<std::string>> source, target;
   int64_t i = 0;
   for (size_t start = 0; start <= text.size(); ++i) {
@@ -330,8 +340,8 @@ std::vector<int64_t> truncate_pad(const std::vector<int64_t>& line, int64_t num_
                                   int64_t padding_token) {
   TORCH_CHECK(num_steps >= 0,
               fmt::format("d2l::truncate_pad: num_steps must be >= 0, got {}", num_steps));
-  std::vector<int64_t> out(line.begin(),
-                           line.begin() + std::min<int64_t>(num_steps, static_cast<int64_t>(line.size())));
+  std::vector<int64_t> out(
+      line.begin(), line.begin() + std::min<int64_t>(num_steps, static_cast<int64_t>(line.size())));
   out.resize(static_cast<size_t>(num_steps), padding_token);
   return out;
 }
@@ -353,14 +363,18 @@ std::pair<torch::Tensor, torch::Tensor> build_array_nmt(
     const auto padded = truncate_pad(row, num_steps, pad);
     ids.insert(ids.end(), padded.begin(), padded.end());
   }
-  auto array = torch::tensor(ids, torch::kLong).reshape({static_cast<int64_t>(lines.size()), num_steps});
+  auto array =
+      torch::tensor(ids, torch::kLong).reshape({static_cast<int64_t>(lines.size()), num_steps});
   auto valid_len = (array != pad).to(torch::kInt).sum(1).to(torch::kInt);
   return {array, valid_len};
 }
 
 ArrayLoader::ArrayLoader(std::vector<torch::Tensor> arrays, int64_t batch_size, bool is_train,
                          uint64_t seed)
-    : arrays_(std::move(arrays)), batch_size_(batch_size), num_examples_(0), is_train_(is_train),
+    : arrays_(std::move(arrays)),
+      batch_size_(batch_size),
+      num_examples_(0),
+      is_train_(is_train),
       seed_(seed) {
   TORCH_CHECK(batch_size > 0,
               fmt::format("d2l::ArrayLoader: batch_size must be positive, got {}", batch_size));
@@ -391,8 +405,8 @@ std::vector<std::vector<torch::Tensor>> ArrayLoader::epoch() {
   std::vector<std::vector<torch::Tensor>> batches;
   for (int64_t first = 0; first < num_examples_; first += batch_size_) {
     const auto last = std::min(num_examples_, first + batch_size_);
-    const auto index = torch::tensor(std::vector<int64_t>(order.begin() + first, order.begin() + last),
-                                     torch::kLong);
+    const auto index = torch::tensor(
+        std::vector<int64_t>(order.begin() + first, order.begin() + last), torch::kLong);
     std::vector<torch::Tensor> batch;
     for (const auto& a : arrays_) batch.push_back(a.index_select(0, index));
     batches.push_back(std::move(batch));

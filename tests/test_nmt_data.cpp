@@ -7,19 +7,19 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "test_utils.h"
 
 namespace {
 
-using ::testing::HasSubstr;
 using d2l::testing::error_message;
+using ::testing::HasSubstr;
 using Lines = std::vector<std::vector<std::string>>;
 
 const std::string kSample = D2L_NMT_DATA_DIR "/fra-eng-sample";
@@ -37,7 +37,8 @@ TEST(NmtData, ReadDataNmtGivesTheBooksRawText) {
   // The book prints raw_text[:75]: 75 characters, 76 bytes of UTF-8 (one Ç).
   const auto raw = d2l::read_data_nmt(kSample);
   EXPECT_EQ(raw.substr(0, 76),
-            "Go.\tVa !\nHi.\tSalut !\nRun!\tCours !\nRun!\tCourez !\nWho?\tQui ?\nWow!\t\xc3\x87" "a alors !\n");
+            "Go.\tVa !\nHi.\tSalut !\nRun!\tCours !\nRun!\tCourez !\nWho?\tQui ?\nWow!\t\xc3\x87"
+            "a alors !\n");
 }
 
 TEST(NmtData, ReadDataNmtAcceptsTheFileTheDirectoryAndTheZip) {
@@ -50,14 +51,18 @@ TEST(NmtData, ReadDataNmtAcceptsTheFileTheDirectoryAndTheZip) {
 TEST(NmtData, PreprocessNmtGivesTheBooksText) {
   // The book prints text[:80]: 80 characters, 81 bytes of UTF-8 (one ç).
   const auto text = d2l::preprocess_nmt(d2l::read_data_nmt(kSample));
-  EXPECT_EQ(text.substr(0, 81),
-            "go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\t\xc3\xa7" "a alors !");
+  EXPECT_EQ(
+      text.substr(0, 81),
+      "go .\tva !\nhi .\tsalut !\nrun !\tcours !\nrun !\tcourez !\nwho ?\tqui ?\nwow !\t\xc3\xa7"
+      "a alors !");
 }
 
 TEST(NmtData, PreprocessNmtReplacesNoBreakSpacesAndLowerCasesFrench) {
   EXPECT_EQ(d2l::preprocess_nmt("Va\xe2\x80\xaf!\tOui\xc2\xa0?"), "va !\toui ?");
-  EXPECT_EQ(d2l::preprocess_nmt("\xc3\x89" "coutez, \xc3\x80 BIENT\xc3\x94T\xc5\x92!"),
-            "\xc3\xa9" "coutez , \xc3\xa0 bient\xc3\xb4t\xc5\x93 !");
+  EXPECT_EQ(d2l::preprocess_nmt("\xc3\x89"
+                                "coutez, \xc3\x80 BIENT\xc3\x94T\xc5\x92!"),
+            "\xc3\xa9"
+            "coutez , \xc3\xa0 bient\xc3\xb4t\xc5\x93 !");
   EXPECT_EQ(d2l::preprocess_nmt(".Hi"), ".hi");  // the first character gets no space
   EXPECT_EQ(d2l::preprocess_nmt(""), "");
 }
@@ -65,9 +70,16 @@ TEST(NmtData, PreprocessNmtReplacesNoBreakSpacesAndLowerCasesFrench) {
 TEST(NmtData, TokenizeNmtGivesTheBooksFirstPairs) {
   const auto [source, target] = d2l::tokenize_nmt(d2l::preprocess_nmt(d2l::read_data_nmt(kSample)));
   ASSERT_EQ(source.size(), 651u);
-  const Lines book_source{{"go", "."}, {"hi", "."}, {"run", "!"}, {"run", "!"}, {"who", "?"}, {"wow", "!"}};
-  const Lines book_target{{"va", "!"}, {"salut", "!"}, {"cours", "!"},
-                          {"courez", "!"}, {"qui", "?"}, {"\xc3\xa7" "a", "alors", "!"}};
+  const Lines book_source{{"go", "."},  {"hi", "."},  {"run", "!"},
+                          {"run", "!"}, {"who", "?"}, {"wow", "!"}};
+  const Lines book_target{{"va", "!"},
+                          {"salut", "!"},
+                          {"cours", "!"},
+                          {"courez", "!"},
+                          {"qui", "?"},
+                          {"\xc3\xa7"
+                           "a",
+                           "alors", "!"}};
   EXPECT_EQ(Lines(source.begin(), source.begin() + 6), book_source);
   EXPECT_EQ(Lines(target.begin(), target.begin() + 6), book_target);
 }
@@ -84,8 +96,8 @@ TEST(NmtData, TokenizeNmtStopsAfterLineNumExamplesAsTheBook) {
 TEST(NmtData, VocabOrdersUnkReservedThenFrequencyWithFirstOccurrenceTies) {
   const Lines tokens{{"b", "a", "c"}, {"a", "d", "c"}, {"e", "a"}};
   const d2l::Vocab vocab(tokens, 0, {"<pad>", "<bos>", "<eos>"});
-  EXPECT_EQ(vocab.idx_to_token(),
-            std::vector<std::string>({"<unk>", "<pad>", "<bos>", "<eos>", "a", "c", "b", "d", "e"}));
+  EXPECT_EQ(vocab.idx_to_token(), std::vector<std::string>({"<unk>", "<pad>", "<bos>", "<eos>", "a",
+                                                            "c", "b", "d", "e"}));
   EXPECT_EQ(vocab["a"], 4);
   EXPECT_EQ(vocab["never seen"], 0);
   const d2l::Vocab frequent(tokens, 2, {"<pad>"});
@@ -105,12 +117,16 @@ TEST(NmtData, VocabsOfTheSampleAsTheBooksCode) {
   const d2l::Vocab src_vocab(source, 2, reserved), tgt_vocab(target, 2, reserved);
   EXPECT_EQ(src_vocab.size(), 197);
   EXPECT_EQ(tgt_vocab.size(), 217);
-  EXPECT_EQ(std::vector<std::string>(src_vocab.idx_to_token().begin(), src_vocab.idx_to_token().begin() + 12),
-            std::vector<std::string>({"<unk>", "<pad>", "<bos>", "<eos>", ".", "i", "!", "i'm", "it",
-                                      "go", "tom", "?"}));
-  EXPECT_EQ(std::vector<std::string>(tgt_vocab.idx_to_token().begin(), tgt_vocab.idx_to_token().begin() + 12),
-            std::vector<std::string>({"<unk>", "<pad>", "<bos>", "<eos>", ".", "!", "je", "suis", "tom",
-                                      "?", "j'ai", "\xc3\xa7" "a"}));
+  EXPECT_EQ(std::vector<std::string>(src_vocab.idx_to_token().begin(),
+                                     src_vocab.idx_to_token().begin() + 12),
+            std::vector<std::string>({"<unk>", "<pad>", "<bos>", "<eos>", ".", "i", "!", "i'm",
+                                      "it", "go", "tom", "?"}));
+  EXPECT_EQ(std::vector<std::string>(tgt_vocab.idx_to_token().begin(),
+                                     tgt_vocab.idx_to_token().begin() + 12),
+            std::vector<std::string>({"<unk>", "<pad>", "<bos>", "<eos>", ".", "!", "je", "suis",
+                                      "tom", "?", "j'ai",
+                                      "\xc3\xa7"
+                                      "a"}));
   // The book's truncate_pad(src_vocab[source[0]], 10, src_vocab['<pad>']).
   EXPECT_EQ(d2l::truncate_pad(src_vocab[source[0]], 10, src_vocab["<pad>"]),
             std::vector<int64_t>({9, 4, 1, 1, 1, 1, 1, 1, 1, 1}));
@@ -124,8 +140,10 @@ TEST(NmtData, TruncatePadTruncatesAndPads) {
 
 TEST(NmtData, BuildArrayNmtAppendsEosPadsAndCountsValidLengths) {
   const d2l::Vocab vocab(Lines{{"a", "b"}}, 0, {"<pad>", "<bos>", "<eos>"});
-  const auto [array, valid_len] = d2l::build_array_nmt(Lines{{"a"}, {"b", "a", "a", "z"}, {}}, vocab, 3);
-  EXPECT_TRUE(torch::equal(array, torch::tensor({4, 3, 1, 5, 4, 4, 3, 1, 1}, torch::kLong).reshape({3, 3})));
+  const auto [array, valid_len] =
+      d2l::build_array_nmt(Lines{{"a"}, {"b", "a", "a", "z"}, {}}, vocab, 3);
+  EXPECT_TRUE(torch::equal(
+      array, torch::tensor({4, 3, 1, 5, 4, 4, 3, 1, 1}, torch::kLong).reshape({3, 3})));
   EXPECT_EQ(valid_len.scalar_type(), torch::kInt);
   EXPECT_TRUE(torch::equal(valid_len, torch::tensor({2, 3, 1}, torch::kInt)));
 }
@@ -168,7 +186,9 @@ TEST(NmtDataErrors, MissingEmptyNotUtf8AndTablessFiles) {
   EXPECT_THAT(msg, HasSubstr(empty));
   EXPECT_THAT(msg, HasSubstr("empty"));
 
-  const auto latin1 = write_temp("latin1.txt", "Go.\tVa !\nHi.\tSalut !\nWow!\t\xc7" "a alors !\n");
+  const auto latin1 = write_temp("latin1.txt",
+                                 "Go.\tVa !\nHi.\tSalut !\nWow!\t\xc7"
+                                 "a alors !\n");
   msg = error_message([&] { d2l::read_data_nmt(latin1); });
   EXPECT_THAT(msg, HasSubstr("d2l::read_data_nmt: " + latin1));
   EXPECT_THAT(msg, HasSubstr("line 3 is not UTF-8"));
@@ -178,8 +198,8 @@ TEST(NmtDataErrors, MissingEmptyNotUtf8AndTablessFiles) {
   EXPECT_THAT(msg, HasSubstr("d2l::read_data_nmt: " + tabless));
   EXPECT_THAT(msg, HasSubstr("line 2 has no tab"));
 
-  const auto empty_dir = std::filesystem::path(::testing::TempDir()) /
-                         ("d2l_nmt_dir_" + std::to_string(::getpid()));
+  const auto empty_dir =
+      std::filesystem::path(::testing::TempDir()) / ("d2l_nmt_dir_" + std::to_string(::getpid()));
   std::filesystem::create_directories(empty_dir);
   EXPECT_THAT(error_message([&] { d2l::read_data_nmt(empty_dir.string()); }),
               HasSubstr("neither fra.txt"));
@@ -212,7 +232,9 @@ TEST(NmtDataErrors, IdsOutsideTheVocabularyNameTheIdAndTheSize) {
   const d2l::Vocab vocab(Lines{{"a"}}, 0, {"<pad>"});
   EXPECT_THAT(error_message([&] { vocab.to_tokens(3); }),
               HasSubstr("d2l::Vocab::to_tokens: index 3 is outside the vocabulary of size 3"));
-  EXPECT_THAT(error_message([&] { vocab.to_tokens(std::vector<int64_t>{0, -1}); }),
+  EXPECT_THAT(error_message([&] {
+                vocab.to_tokens(std::vector<int64_t>{0, -1});
+              }),
               HasSubstr("index -1 is outside the vocabulary of size 3"));
 }
 
@@ -224,7 +246,9 @@ TEST(NmtDataErrors, BadSizesAndLoaders) {
               HasSubstr("d2l::truncate_pad: num_steps must be >= 0, got -2"));
   EXPECT_THAT(error_message([] { d2l::ArrayLoader({torch::arange(3)}, 0); }),
               HasSubstr("d2l::ArrayLoader: batch_size must be positive, got 0"));
-  EXPECT_THAT(error_message([] { d2l::ArrayLoader({torch::arange(3), torch::arange(4)}, 2); }),
+  EXPECT_THAT(error_message([] {
+                d2l::ArrayLoader({torch::arange(3), torch::arange(4)}, 2);
+              }),
               HasSubstr("got 4 in arrays[1]"));
 }
 

@@ -9,18 +9,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 #include "test_utils.h"
 
 namespace {
 
-using ::testing::HasSubstr;
 using d2l::testing::error_message;
+using ::testing::HasSubstr;
 
 const std::string kSample = D2L_NMT_DATA_DIR "/fra-eng-sample";
 
@@ -28,16 +28,17 @@ TEST(MaskedSoftmaxCELoss, TheBooksExample) {
   // loss(torch.ones(3, 4, 10), torch.ones((3, 4), dtype=torch.long),
   //      torch.tensor([4, 2, 0])) -> tensor([2.3026, 1.1513, 0.0000])
   d2l::MaskedSoftmaxCELoss loss;
-  const auto l = loss(torch::ones({3, 4, 10}), torch::ones({3, 4}, torch::kLong),
-                      torch::tensor({4, 2, 0}));
-  EXPECT_TRUE(torch::allclose(l, torch::tensor({std::log(10.0), std::log(10.0) / 2, 0.0},
-                                               torch::kFloat)));
+  const auto l =
+      loss(torch::ones({3, 4, 10}), torch::ones({3, 4}, torch::kLong), torch::tensor({4, 2, 0}));
+  EXPECT_TRUE(
+      torch::allclose(l, torch::tensor({std::log(10.0), std::log(10.0) / 2, 0.0}, torch::kFloat)));
   EXPECT_EQ(d2l::testing::printed(*loss), "d2l::MaskedSoftmaxCELoss()");
 }
 
 TEST(MaskedSoftmaxCELoss, AgainstAHandComputation) {
   // One sequence of 2 steps over 3 tokens, the second step masked.
-  const auto pred = torch::tensor({1.0, 2.0, 3.0, 0.5, 0.5, 0.5}, torch::kDouble).reshape({1, 2, 3});
+  const auto pred =
+      torch::tensor({1.0, 2.0, 3.0, 0.5, 0.5, 0.5}, torch::kDouble).reshape({1, 2, 3});
   const auto label = torch::tensor({2, 0}, torch::kLong).reshape({1, 2});
   const double first = -std::log(std::exp(3.0) / (std::exp(1.0) + std::exp(2.0) + std::exp(3.0)));
   const auto l = d2l::MaskedSoftmaxCELoss()(pred, label, torch::tensor({1}));
@@ -46,18 +47,21 @@ TEST(MaskedSoftmaxCELoss, AgainstAHandComputation) {
 
 TEST(MaskedSoftmaxCELoss, LabelsOutsideTheVocabularyAndBadShapes) {
   d2l::MaskedSoftmaxCELoss loss;
-  EXPECT_THAT(error_message([&] {
-                loss(torch::zeros({1, 2, 5}), torch::tensor({{1, 7}}), torch::tensor({2}));
-              }),
-              HasSubstr("d2l::MaskedSoftmaxCELoss: label holds id 7, outside the vocabulary of size 5"));
+  EXPECT_THAT(
+      error_message([&] {
+        loss(torch::zeros({1, 2, 5}), torch::tensor({{1, 7}}), torch::tensor({2}));
+      }),
+      HasSubstr("d2l::MaskedSoftmaxCELoss: label holds id 7, outside the vocabulary of size 5"));
   EXPECT_THAT(error_message([&] {
                 loss(torch::zeros({1, 2, 5}), torch::tensor({{-1, 0}}), torch::tensor({2}));
               }),
               HasSubstr("id -1"));
-  EXPECT_THAT(error_message([&] {
-                loss(torch::zeros({1, 2, 5}), torch::zeros({1, 3}, torch::kLong), torch::tensor({2}));
-              }),
-              HasSubstr("label must be an integer (batch, steps) tensor matching pred [1, 2, 5], got [1, 3]"));
+  EXPECT_THAT(
+      error_message([&] {
+        loss(torch::zeros({1, 2, 5}), torch::zeros({1, 3}, torch::kLong), torch::tensor({2}));
+      }),
+      HasSubstr(
+          "label must be an integer (batch, steps) tensor matching pred [1, 2, 5], got [1, 3]"));
 }
 
 TEST(GradClipping, ScalesTheGlobalNormDownToTheta) {
@@ -84,7 +88,8 @@ TEST(Bleu, TheBooksScores) {
   EXPECT_DOUBLE_EQ(d2l::bleu("a b", "a b c d", 1), std::exp(-1.0));
   EXPECT_DOUBLE_EQ(d2l::bleu("a a a", "a b c", 1), std::sqrt(1.0 / 3.0));
   EXPECT_EQ(d2l::bleu("a", "a b", 2), 0.0);
-  EXPECT_THAT(error_message([] { d2l::bleu("a", "a", 0); }), HasSubstr("d2l::bleu: k must be positive"));
+  EXPECT_THAT(error_message([] { d2l::bleu("a", "a", 0); }),
+              HasSubstr("d2l::bleu: k must be positive"));
 }
 
 d2l::EncoderDecoder tiny_model(const d2l::Vocab& src, const d2l::Vocab& tgt, bool attention) {
@@ -98,8 +103,9 @@ TEST(PredictSeq2Seq, AttentionWeightsOfEveryStep) {
   torch::manual_seed(0);
   auto data = d2l::load_data_nmt(kSample, 8, 10, 40);
   auto net = tiny_model(data.src_vocab, data.tgt_vocab, true);
-  const auto [translation, weights] = d2l::predict_seq2seq(
-      *net, "Go .", data.src_vocab, data.tgt_vocab, 10, torch::kCPU, /*save_attention_weights=*/true);
+  const auto [translation, weights] =
+      d2l::predict_seq2seq(*net, "Go .", data.src_vocab, data.tgt_vocab, 10, torch::kCPU,
+                           /*save_attention_weights=*/true);
   std::istringstream in(translation);
   int64_t words = 0;
   for (std::string w; in >> w;) ++words;
@@ -113,8 +119,8 @@ TEST(PredictSeq2Seq, AttentionWeightsOfEveryStep) {
     // "go . <eos>": the padding after the 3 valid steps gets no attention.
     EXPECT_EQ(w.slice(1, 3).abs().sum().item<double>(), 0.0);
   }
-  const auto [again, none] = d2l::predict_seq2seq(*net, "Go .", data.src_vocab, data.tgt_vocab, 10,
-                                                  torch::kCPU);
+  const auto [again, none] =
+      d2l::predict_seq2seq(*net, "Go .", data.src_vocab, data.tgt_vocab, 10, torch::kCPU);
   EXPECT_EQ(again, translation);
   EXPECT_TRUE(none.empty());
 }
@@ -139,8 +145,9 @@ TEST(TrainSeq2Seq, AFewEpochsOnTheSampleLowerTheLossAndDrawTheCurve) {
   auto net = tiny_model(data.src_vocab, data.tgt_vocab, true);
   const auto svg = std::filesystem::path(::testing::TempDir()) /
                    ("d2l_train_seq2seq_" + std::to_string(::getpid()) + ".svg");
-  const auto result = d2l::train_seq2seq(*net, data.data_iter, 0.005, 6, data.tgt_vocab, torch::kCPU,
-                                         d2l::TrainSeq2SeqOptions().svg_path(svg.string()).progress(false));
+  const auto result =
+      d2l::train_seq2seq(*net, data.data_iter, 0.005, 6, data.tgt_vocab, torch::kCPU,
+                         d2l::TrainSeq2SeqOptions().svg_path(svg.string()).progress(false));
   ASSERT_EQ(result.losses.size(), 6u);
   EXPECT_LT(result.losses.back(), result.losses.front());
   EXPECT_EQ(result.loss, result.losses.back());

@@ -28,16 +28,18 @@ std::string shape(const torch::Tensor& t) {
 
 }  // namespace
 
-torch::Tensor MaskedSoftmaxCELossImpl::forward(const torch::Tensor& pred, const torch::Tensor& label,
+torch::Tensor MaskedSoftmaxCELossImpl::forward(const torch::Tensor& pred,
+                                               const torch::Tensor& label,
                                                const torch::Tensor& valid_len) {
   constexpr const char* fn = "d2l::MaskedSoftmaxCELoss";
   TORCH_CHECK(pred.defined() && pred.dim() == 3 && pred.is_floating_point(),
               fmt::format("{}: pred must be a floating-point (batch, steps, vocab) tensor, got {}",
                           fn, shape(pred)));
-  TORCH_CHECK(label.defined() && label.dim() == 2 && !label.is_floating_point() &&
-                  label.size(0) == pred.size(0) && label.size(1) == pred.size(1),
-              fmt::format("{}: label must be an integer (batch, steps) tensor matching pred {}, got {}",
-                          fn, shape(pred), shape(label)));
+  TORCH_CHECK(
+      label.defined() && label.dim() == 2 && !label.is_floating_point() &&
+          label.size(0) == pred.size(0) && label.size(1) == pred.size(1),
+      fmt::format("{}: label must be an integer (batch, steps) tensor matching pred {}, got {}", fn,
+                  shape(pred), shape(label)));
   TORCH_CHECK(valid_len.defined() && valid_len.dim() == 1 && valid_len.size(0) == pred.size(0),
               fmt::format("{}: valid_len must be a (batch) tensor for pred {}, got {}", fn,
                           shape(pred), shape(valid_len)));
@@ -84,7 +86,8 @@ void xavier_init_weights(torch::nn::Module& net) {
       torch::nn::init::xavier_uniform_(linear->weight);
     } else if (auto* gru = module->as<torch::nn::GRU>()) {
       for (auto& p : gru->named_parameters()) {
-        if (p.key().find("weight") != std::string::npos) torch::nn::init::xavier_uniform_(p.value());
+        if (p.key().find("weight") != std::string::npos)
+          torch::nn::init::xavier_uniform_(p.value());
       }
     }
   }
@@ -107,7 +110,8 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
   using Clock = std::chrono::steady_clock;
   constexpr const char* fn = "d2l::train_seq2seq";
   TORCH_CHECK(lr > 0, fmt::format("{}: lr must be positive, got {}", fn, lr));
-  TORCH_CHECK(num_epochs > 0, fmt::format("{}: num_epochs must be positive, got {}", fn, num_epochs));
+  TORCH_CHECK(num_epochs > 0,
+              fmt::format("{}: num_epochs must be positive, got {}", fn, num_epochs));
   TORCH_CHECK(data_iter.arrays().size() == 4,
               fmt::format("{}: data_iter must hold (X, X_valid_len, Y, Y_valid_len), got {} arrays",
                           fn, data_iter.arrays().size()));
@@ -140,7 +144,8 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
       loss_sum += l.item<double>();
       num_tokens += Y_valid_len.sum().item<double>();
       const auto now = Clock::now();
-      if (progress && (b + 1 == batches.size() || now - last_shown > std::chrono::milliseconds(250))) {
+      if (progress &&
+          (b + 1 == batches.size() || now - last_shown > std::chrono::milliseconds(250))) {
         show_progress(epoch, num_epochs, static_cast<double>(b + 1) / batches.size(),
                       loss_sum / num_tokens);
         last_shown = now;
@@ -192,12 +197,12 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
   constexpr const char* fn = "d2l::predict_seq2seq";
   TORCH_CHECK(num_steps > 0, fmt::format("{}: num_steps must be positive, got {}", fn, num_steps));
   auto* attention_decoder = dynamic_cast<AttentionDecoder*>(net.decoder.get());
-  TORCH_CHECK(!save_attention_weights || attention_decoder != nullptr,
-              fn, ": save_attention_weights needs an AttentionDecoder, got a decoder without "
+  TORCH_CHECK(!save_attention_weights || attention_decoder != nullptr, fn,
+              ": save_attention_weights needs an AttentionDecoder, got a decoder without "
               "attention weights");
   const int64_t eos = tgt_vocab["<eos>"], bos = tgt_vocab["<bos>"];
-  TORCH_CHECK(eos != Vocab::unk() && bos != Vocab::unk(),
-              fn, ": tgt_vocab must hold <bos> and <eos>");
+  TORCH_CHECK(eos != Vocab::unk() && bos != Vocab::unk(), fn,
+              ": tgt_vocab must hold <bos> and <eos>");
   net.eval();
   torch::NoGradGuard no_grad;
   std::string lowered = src_sentence;
@@ -207,10 +212,13 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
   auto src_tokens = src_vocab[split_on_space(lowered)];
   src_tokens.push_back(src_vocab["<eos>"]);
   const auto valid = std::min<int64_t>(static_cast<int64_t>(src_tokens.size()), num_steps);
-  const auto enc_valid_len = torch::tensor({valid}, torch::TensorOptions(device).dtype(torch::kLong));
+  const auto enc_valid_len =
+      torch::tensor({valid}, torch::TensorOptions(device).dtype(torch::kLong));
   const auto padded = truncate_pad(src_tokens, num_steps, src_vocab["<pad>"]);
-  const auto enc_X = torch::tensor(padded, torch::TensorOptions(device).dtype(torch::kLong)).unsqueeze(0);
-  auto dec_state = net.decoder->init_state(net.encoder->forward(enc_X, enc_valid_len), enc_valid_len);
+  const auto enc_X =
+      torch::tensor(padded, torch::TensorOptions(device).dtype(torch::kLong)).unsqueeze(0);
+  auto dec_state =
+      net.decoder->init_state(net.encoder->forward(enc_X, enc_valid_len), enc_valid_len);
   auto dec_X = torch::full({1, 1}, bos, torch::TensorOptions(device).dtype(torch::kLong));
   std::vector<int64_t> output_seq;
   std::vector<torch::Tensor> attention_weight_seq;
@@ -219,7 +227,8 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     std::tie(Y, dec_state) = net.decoder->forward(dec_X, dec_state);
     dec_X = Y.argmax(2);
     const int64_t pred = dec_X.item<int64_t>();
-    if (save_attention_weights) attention_weight_seq.push_back(attention_decoder->attention_weights()[0]);
+    if (save_attention_weights)
+      attention_weight_seq.push_back(attention_decoder->attention_weights()[0]);
     if (pred == eos) break;
     output_seq.push_back(pred);
   }
@@ -230,7 +239,6 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
   }
   return {translation, attention_weight_seq};
 }
-
 
 double bleu(const std::string& pred_seq, const std::string& label_seq, int64_t k) {
   TORCH_CHECK(k > 0, fmt::format("d2l::bleu: k must be positive, got {}", k));
