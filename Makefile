@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 
 DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev libgmock-dev \
-                   libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev
+                   libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev
 # Only `make bench` and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
 
@@ -28,6 +28,7 @@ FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 
 .PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
+        fra-eng bahdanau \
         seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa device-sources fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
@@ -95,6 +96,36 @@ SEQ2SEQ_ARGS ?=
 seq2seq: build
 	$(BUILD_DIR)/examples/seq2seq_attention --out $(BUILD_DIR)/seq2seq \
 	  --save $(BUILD_DIR)/seq2seq/attention_model.pt $(SEQ2SEQ_ARGS)
+
+# d2l's fra-eng data (English-French pairs from tatoeba.org via manythings.org,
+# CC BY 2.0), fetched from d2l's data hub and checked against the SHA-1 in
+# d2l's DATA_HUB; without a network, says where to put the file.
+FRA_ENG_URL := http://d2l-data.s3-accelerate.amazonaws.com/fra-eng.zip
+FRA_ENG_SHA1 := 94646ad1522d915e7b0f9296181140edcf86a4f5
+FRA_ENG_ZIP := data/fra-eng.zip
+fra-eng:
+	@mkdir -p $(dir $(FRA_ENG_ZIP))
+	@if [ -f $(FRA_ENG_ZIP) ] && echo "$(FRA_ENG_SHA1)  $(FRA_ENG_ZIP)" | sha1sum -c --status; then \
+	  echo "$(FRA_ENG_ZIP): present, SHA-1 $(FRA_ENG_SHA1)"; \
+	elif curl -fsSL --connect-timeout 20 -o $(FRA_ENG_ZIP).part $(FRA_ENG_URL); then \
+	  if echo "$(FRA_ENG_SHA1)  $(FRA_ENG_ZIP).part" | sha1sum -c --status; then \
+	    mv $(FRA_ENG_ZIP).part $(FRA_ENG_ZIP); echo "$(FRA_ENG_ZIP): downloaded, SHA-1 $(FRA_ENG_SHA1)"; \
+	  else \
+	    echo "$(FRA_ENG_URL): SHA-1 $$(sha1sum < $(FRA_ENG_ZIP).part | cut -d' ' -f1), expected $(FRA_ENG_SHA1)" >&2; \
+	    rm -f $(FRA_ENG_ZIP).part; exit 1; \
+	  fi; \
+	else \
+	  rm -f $(FRA_ENG_ZIP).part; \
+	  echo "cannot download $(FRA_ENG_URL)." >&2; \
+	  echo "Put d2l's fra-eng.zip (SHA-1 $(FRA_ENG_SHA1)) at $(CURDIR)/$(FRA_ENG_ZIP)" >&2; \
+	  echo "and run make fra-eng again; the examples take --data PATH to the zip or its fra.txt." >&2; \
+	  exit 1; \
+	fi
+
+# The book's Bahdanau section on fra-eng (the book's recipe, 250 epochs):
+# loss, tokens/s, four translations with BLEU, loss curve and heatmap.
+bahdanau: build fra-eng
+	$(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) --out $(BUILD_DIR)/bahdanau
 
 # Every suite, then one line adding up their ctest summaries:
 #   release: the GoogleTest suite and the installed-package test (gcc, -O2),

@@ -12,7 +12,8 @@ if(TARGET d2l_viz)
 else()
   # No headers without their library.
   set(D2L_HEADER_EXCLUDES PATTERN viz EXCLUDE PATTERN viz.h EXCLUDE
-                          PATTERN heatmap.h EXCLUDE PATTERN plot.h EXCLUDE)
+                          PATTERN heatmap.h EXCLUDE PATTERN plot.h EXCLUDE
+                          PATTERN train.h EXCLUDE)
 endif()
 install(TARGETS ${D2L_INSTALL_TARGETS} EXPORT d2l_attentionTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -35,8 +35,6 @@
 #include <string>
 #include <vector>
 
-#include "seq2seq_toolkit.h"
-
 namespace {
 
 // OpenMP threads spin-wait between parallel regions by default. When other
@@ -52,8 +50,8 @@ __attribute__((section(".preinit_array"),
                used)) void (*const preinit_openmp)(int, char**,
                                                    char**) = prefer_passive_openmp_waits;
 
-using d2l::examples::Sentence;
-using d2l::examples::Vocab;
+using Sentence = std::vector<std::string>;
+using d2l::Vocab;
 
 // The model of the book's section, wider for 30-word sentences. The checkpoint
 // stores parameters only, so --translate rebuilds the model from these.
@@ -119,8 +117,11 @@ Language make_language() {
     lang.source_words.emplace_back(1, c);
     lang.target_words.emplace_back(1, static_cast<char>(c - 'a' + 'A'));
   }
-  lang.source_vocab = Vocab(lang.source_words);
-  lang.target_vocab = Vocab(lang.target_words);
+  // Each word once: equal counts keep the order given, so the same alphabet
+  // always gives the same indices and a saved model needs no vocabulary file.
+  const std::vector<std::string> reserved{"<pad>", "<bos>", "<eos>"};
+  lang.source_vocab = Vocab({lang.source_words}, 0, reserved);
+  lang.target_vocab = Vocab({lang.target_words}, 0, reserved);
   return lang;
 }
 
@@ -162,28 +163,30 @@ struct Result {
 };
 
 Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const Language& lang,
-                          const d2l::examples::Dataset& train,
+                          const d2l::ArrayLoader& train,
                           const std::vector<Sentence>& held_out_sources,
                           const std::vector<Sentence>& held_out_targets, const Args& args) {
   fmt::print("== {} ==\n", name);
   Result result;
   const auto start = std::chrono::steady_clock::now();
-  d2l::examples::TrainOptions options{kLearningRate, args.epochs, kBatchSize, kSeed};
+  // A fresh copy of the loader: both models see the same batches.
+  auto loader = train;
   result.losses =
-      d2l::examples::train_seq2seq(*model, train, options, lang.target_vocab.bos(), args.device);
+      d2l::train_seq2seq(*model, loader, kLearningRate, args.epochs, lang.target_vocab, args.device)
+          .losses;
   const auto trained = std::chrono::steady_clock::now();
   result.train_seconds = std::chrono::duration<double>(trained - start).count();
 
   double total = 0;
   for (size_t i = 0; i < held_out_sources.size(); ++i) {
-    const auto prediction = d2l::examples::predict_seq2seq(
-        *model, held_out_sources[i], lang.source_vocab, lang.target_vocab, kNumSteps, args.device);
-    const double score = d2l::examples::bleu(prediction.tokens, held_out_targets[i], kBleuK);
+    const auto source = fmt::format("{}", fmt::join(held_out_sources[i], " "));
+    const auto translation = d2l::predict_seq2seq(*model, source, lang.source_vocab,
+                                                  lang.target_vocab, kNumSteps, args.device)
+                                 .first;
+    const double score =
+        d2l::bleu(translation, fmt::format("{}", fmt::join(held_out_targets[i], " ")), kBleuK);
     total += score;
-    if (i < 3) {
-      fmt::print("{} => {}, bleu {:.3f}\n", fmt::join(held_out_sources[i], " "),
-                 fmt::join(prediction.tokens, " "), score);
-    }
+    if (i < 3) fmt::print("{} => {}, bleu {:.3f}\n", source, translation, score);
   }
   result.mean_bleu = total / static_cast<double>(held_out_sources.size());
   result.eval_seconds =
@@ -208,13 +211,13 @@ d2l::Series loss_series(const Result& result, const std::string& label) {
 
 void draw_alignment(d2l::EncoderDecoder& model, const Language& lang, const Sentence& source,
                     const Args& args) {
-  const auto prediction = d2l::examples::predict_seq2seq(*model, source, lang.source_vocab,
-                                                         lang.target_vocab, kNumSteps, args.device,
-                                                         /*save_attention_weights=*/true);
+  const auto prediction = d2l::predict_seq2seq(*model, fmt::format("{}", fmt::join(source, " ")),
+                                               lang.source_vocab, lang.target_vocab, kNumSteps,
+                                               args.device, /*save_attention_weights=*/true);
   // One row per predicted token (and the <eos> step), one column per source
   // token and its <eos>, as the book's heatmap of one sentence.
   const auto source_len = static_cast<int64_t>(source.size()) + 1;
-  const auto weights = prediction.attention_weights.slice(1, 0, source_len).cpu();
+  const auto weights = torch::cat(prediction.second, 0).slice(1, 0, source_len).cpu();
   const auto path = (args.out / "alignment.svg").string();
   d2l::show_heatmaps(weights.reshape({1, 1, weights.size(0), weights.size(1)}), "Key positions",
                      "Query positions", path, {}, {6.0, 6.0});
@@ -226,15 +229,15 @@ int translate(const Args& args) {
   auto model = make_model(lang, /*attention=*/true);
   torch::load(model, args.translate_model);
   model->to(args.device);
-  const auto source = d2l::examples::split(args.translate_sentence);
-  for (const auto& word : source) {
-    if (lang.source_vocab[word] == d2l::examples::Vocab::unk()) {
+  const auto source = d2l::tokenize_nmt(args.translate_sentence + "\t").first;
+  for (const auto& word : source.at(0)) {
+    if (lang.source_vocab[word] == Vocab::unk()) {
       fmt::print(stderr, "note: \"{}\" is not a source word (a..x); it reads as <unk>\n", word);
     }
   }
-  const auto prediction = d2l::examples::predict_seq2seq(*model, source, lang.source_vocab,
-                                                         lang.target_vocab, kNumSteps, args.device);
-  fmt::print("{}\n", fmt::join(prediction.tokens, " "));
+  fmt::print("{}\n", d2l::predict_seq2seq(*model, args.translate_sentence, lang.source_vocab,
+                                          lang.target_vocab, kNumSteps, args.device)
+                         .first);
   return 0;
 }
 
@@ -250,8 +253,12 @@ int run(const Args& args) {
   std::mt19937_64 rng(kSeed);
   const auto [train_sources, train_targets] = make_pairs(lang, kTrainPairs, rng);
   const auto [held_out_sources, held_out_targets] = make_pairs(lang, kHeldOutPairs, rng);
-  const auto train = d2l::examples::build_dataset(train_sources, train_targets, lang.source_vocab,
-                                                  lang.target_vocab, kNumSteps);
+  const auto [source_array, source_valid_len] =
+      d2l::build_array_nmt(train_sources, lang.source_vocab, kNumSteps);
+  const auto [target_array, target_valid_len] =
+      d2l::build_array_nmt(train_targets, lang.target_vocab, kNumSteps);
+  d2l::ArrayLoader train({source_array, source_valid_len, target_array, target_valid_len},
+                         kBatchSize, /*is_train=*/true, kSeed);
   fmt::print(
       "{} training and {} held-out pairs of {}-{} words; vocabularies of {} and {} "
       "tokens; {} threads, device {}\n\n",

@@ -8,6 +8,7 @@
 #include <d2l/encoder_decoder.h>
 #include <d2l/masked_softmax.h>
 #include <d2l/multi_head_attention.h>
+#include <d2l/nmt_data.h>
 #include <d2l/nadaraya_watson.h>
 #include <d2l/seq2seq.h>
 #include <d2l/sequence_mask.h>

@@ -4,3 +4,4 @@
 // the book's d2l.plot and show_heatmaps. Link d2l::viz to use it.
 #include <d2l/viz/heatmap.h>
 #include <d2l/viz/plot.h>
+#include <d2l/train.h>
