@@ -15,7 +15,7 @@
 //
 // One file per fuzzed area (fuzz_masking.cpp, fuzz_dot_product.cpp,
 // fuzz_additive.cpp, fuzz_modules.cpp, fuzz_seq2seq.cpp, fuzz_loading.cpp,
-// fuzz_state_dict.cpp, fuzz_heatmap.cpp, fuzz_plot.cpp), their shared helpers in
+// fuzz_state_dict.cpp, fuzz_nmt_data.cpp, fuzz_heatmap.cpp, fuzz_plot.cpp), their shared helpers in
 // fuzz_common.{h,cpp} (and fuzz_viz.{h,cpp} for the writers); this file is
 // the entry point.
 
@@ -40,6 +40,7 @@ using d2l_fuzz::fuzz_loading;
 using d2l_fuzz::fuzz_masked_softmax;
 using d2l_fuzz::fuzz_multi_head;
 using d2l_fuzz::fuzz_nadaraya_watson;
+using d2l_fuzz::fuzz_nmt_data;
 using d2l_fuzz::fuzz_plot;
 using d2l_fuzz::fuzz_seq2seq;
 using d2l_fuzz::fuzz_sequence_mask;
@@ -48,7 +49,7 @@ using d2l_fuzz::fuzz_state_dict;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   current = Call{};
-  const int64_t op = in.below(15);
+  const int64_t op = in.below(16);
   // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
   // back to what this CPU runs.
   const uint8_t isa_byte = in.byte();
@@ -74,6 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 11: fuzz_encoder_decoder(in); break;
       case 12: fuzz_loading(in); break;
       case 14: fuzz_state_dict(in); break;
+      case 15: fuzz_nmt_data(in); break;
       default: fuzz_plot(in); break;
     }
   } catch (const c10::Error&) {

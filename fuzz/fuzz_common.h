@@ -185,5 +185,6 @@ void fuzz_seq2seq(Bytes& in);                 // fuzz_seq2seq.cpp
 void fuzz_encoder_decoder(Bytes& in);         // fuzz_seq2seq.cpp
 void fuzz_loading(Bytes& in);                 // fuzz_loading.cpp
 void fuzz_state_dict(Bytes& in);              // fuzz_state_dict.cpp
+void fuzz_nmt_data(Bytes& in);                // fuzz_nmt_data.cpp
 
 }  // namespace d2l_fuzz
