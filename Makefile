@@ -8,7 +8,8 @@ JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 
 DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev libgmock-dev \
-                   libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev
+                   libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev \
+                   libgloo-dev
 # Only `make bench` and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
 

@@ -7,11 +7,16 @@ set(D2L_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/d2l_attention")
 # whenever it was built.
 set(D2L_INSTALL_TARGETS d2l_attention)
 set(D2L_HEADER_EXCLUDES "")
+if(TARGET d2l_distributed)
+  list(APPEND D2L_INSTALL_TARGETS d2l_distributed)
+else()
+  list(APPEND D2L_HEADER_EXCLUDES PATTERN distributed.h EXCLUDE)
+endif()
 if(TARGET d2l_viz)
   list(APPEND D2L_INSTALL_TARGETS d2l_viz)
 else()
   # No headers without their library.
-  set(D2L_HEADER_EXCLUDES PATTERN viz EXCLUDE PATTERN viz.h EXCLUDE
+  list(APPEND D2L_HEADER_EXCLUDES PATTERN viz EXCLUDE PATTERN viz.h EXCLUDE
                           PATTERN heatmap.h EXCLUDE PATTERN plot.h EXCLUDE
                           PATTERN train.h EXCLUDE)
 endif()

@@ -3,24 +3,42 @@
 // 0.1, batch 64, 10 steps, Adam at 0.005, 250 epochs, the first 600 examples.
 //
 //   bahdanau_fra_eng [--data PATH] [--out DIR] [--epochs N] [--threads N] [--device cpu|cuda]
+//                    [--batch-size N] [--num-hiddens N] [--save FILE] [--spawn N | --world-size N --rank R
+//                    (--master ADDR:PORT | --file-store PATH)] [--dist-timeout SECONDS]
 //
 // PATH is d2l's fra-eng.zip, its fra.txt or a directory holding either
 // (`make fra-eng` fetches it); the default is the 651-line sample shipped in
 // tests/data/fra-eng-sample, which holds the book's 600 examples. Prints the
 // book's lines (loss and tokens/s, four translations with BLEU) and writes
 // into DIR (default ./bahdanau_out) loss.svg, the animator's curve, and
-// attention.svg, the heatmap of the last sentence.
+// attention.svg, the heatmap of the last sentence. --save writes the trained
+// model (torch::save of its parameters, written whole or not at all).
+//
+// Data-parallel (with d2l::distributed): `--spawn N` starts N processes on
+// this machine over loopback; on several machines start one process per rank
+// with the same --world-size and --master (rank 0's address, where rank 0
+// listens), or with torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set.
+// Each rank trains on its share of every batch; rank 0 alone prints, draws
+// and saves. Without --threads each process takes nproc / (local processes)
+// threads.
 
 #include <d2l/attention.h>
 #include <d2l/viz.h>
+#ifdef D2L_HAVE_DISTRIBUTED
+#include <d2l/distributed.h>
+#endif
 #include <torch/torch.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -34,6 +52,21 @@ __attribute__((section(".preinit_array"),
                used)) void (*const preinit_openmp)(int, char**,
                                                    char**) = prefer_passive_openmp_waits;
 
+// OpenBLAS runs its own thread pool, sized from OPENBLAS_NUM_THREADS or else
+// every core, whatever torch::set_num_threads says. This model's matrix
+// products are small: on 2 cores at 2 threads, a 2-thread pool ran at about
+// 1,500-2,000 examples/s, a 1-thread pool at 4,500-5,000 (ATen's own threads
+// do the parallel work), and processes sharing a machine would each run a
+// pool over all of it. Unless the variable is set, the pool gets 1 thread.
+// (Setting the variable from .preinit_array came too late for OpenBLAS.)
+void single_threaded_openblas() {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(1);
+  }
+}
+
 constexpr int64_t kEmbedSize = 32, kNumHiddens = 32, kNumLayers = 2;
 constexpr double kDropout = 0.1, kLr = 0.005;
 constexpr int64_t kBatchSize = 64, kNumSteps = 10, kNumEpochs = 250, kNumExamples = 600;
@@ -42,58 +75,144 @@ struct Args {
   std::string data = D2L_FRA_ENG_SAMPLE;
   std::filesystem::path out = "bahdanau_out";
   int64_t epochs = kNumEpochs;
-  int threads = 2;
+  int threads = 0;
   torch::Device device = torch::kCPU;
+  std::string save;
+  int64_t batch_size = kBatchSize, num_hiddens = kNumHiddens;
+#ifdef D2L_HAVE_DISTRIBUTED
+  d2l::distributed::LaunchOptions launch;
+  std::vector<std::string> child_args;  // for --spawn: all but --spawn N
+#endif
 };
 
 [[noreturn]] void usage(const char* argv0) {
   fmt::print(stderr,
-             "usage: {} [--data PATH] [--out DIR] [--epochs N] [--threads N] [--device cpu|cuda]\n",
+             "usage: {} [--data PATH] [--out DIR] [--epochs N] [--threads N] [--device cpu|cuda]\n"
+             "       [--batch-size N] [--num-hiddens N] [--save FILE] [--spawn N | --world-size N --rank R (--master ADDR:PORT | "
+             "--file-store PATH)]\n       [--dist-timeout SECONDS]\n",
              argv0);
   std::exit(2);
 }
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const bool has_value = i + 1 < argc;
-    if (std::strcmp(argv[i], "--data") == 0 && has_value) {
-      args.data = argv[++i];
-    } else if (std::strcmp(argv[i], "--out") == 0 && has_value) {
-      args.out = argv[++i];
-    } else if (std::strcmp(argv[i], "--epochs") == 0 && has_value) {
-      args.epochs = std::atoll(argv[++i]);
+  std::vector<std::string> rest(argv + 1, argv + argc);
+#ifdef D2L_HAVE_DISTRIBUTED
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (rest[i] == "--spawn") {
+      ++i;
+    } else {
+      args.child_args.push_back(rest[i]);
+    }
+  }
+  args.launch = d2l::distributed::LaunchOptions::parse(rest);
+#endif
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const bool has_value = i + 1 < rest.size();
+    const std::string& flag = rest[i];
+    if (flag == "--data" && has_value) {
+      args.data = rest[++i];
+    } else if (flag == "--out" && has_value) {
+      args.out = rest[++i];
+    } else if (flag == "--epochs" && has_value) {
+      args.epochs = std::atoll(rest[++i].c_str());
       if (args.epochs <= 0) usage(argv[0]);
-    } else if (std::strcmp(argv[i], "--threads") == 0 && has_value) {
-      args.threads = std::atoi(argv[++i]);
+    } else if (flag == "--threads" && has_value) {
+      args.threads = std::atoi(rest[++i].c_str());
       if (args.threads <= 0) usage(argv[0]);
-    } else if (std::strcmp(argv[i], "--device") == 0 && has_value) {
-      args.device = torch::Device(argv[++i]);
+    } else if (flag == "--device" && has_value) {
+      args.device = torch::Device(rest[++i]);
+    } else if (flag == "--batch-size" && has_value) {
+      args.batch_size = std::atoll(rest[++i].c_str());
+      if (args.batch_size <= 0) usage(argv[0]);
+    } else if (flag == "--num-hiddens" && has_value) {
+      args.num_hiddens = std::atoll(rest[++i].c_str());
+      if (args.num_hiddens <= 0) usage(argv[0]);
+    } else if (flag == "--save" && has_value) {
+      args.save = rest[++i];
     } else {
       usage(argv[0]);
     }
+  }
+  if (args.threads == 0) {
+    // A share of the machine per local process (torchrun's LOCAL_WORLD_SIZE).
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int processes = local ? std::max(1, std::atoi(local)) : 1;
+    args.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / processes);
   }
   return args;
 }
 
 int run(const Args& args) {
+  single_threaded_openblas();
+#ifdef D2L_HAVE_DISTRIBUTED
+  if (args.launch.spawn() > 0) {
+    const auto result = d2l::distributed::spawn_local(
+        "", args.child_args,
+        d2l::distributed::SpawnOptions()
+            .world_size(args.launch.spawn())
+            .grace(args.launch.timeout() + std::chrono::seconds(10)));
+    for (size_t r = 0; r < result.exit_codes.size(); ++r) {
+      if (result.exit_codes[r] != 0) {
+        fmt::print(stderr, "rank {} exited with status {}\n", r, result.exit_codes[r]);
+      }
+    }
+    for (auto r : result.killed_ranks) fmt::print(stderr, "rank {} was killed\n", r);
+    return result.exit_code;
+  }
+  d2l::distributed::GroupPtr group;
+  if (args.launch.distributed()) {
+    group = d2l::distributed::init_process_group(args.launch, args.device);
+  }
+  const bool leader = args.launch.rank() == 0;
+#else
+  const bool leader = true;
+#endif
   torch::set_num_threads(args.threads);
   torch::manual_seed(0);
-  std::filesystem::create_directories(args.out);
-  auto data = d2l::load_data_nmt(args.data, kBatchSize, kNumSteps, kNumExamples);
-  fmt::print("{}: {} examples, vocabularies of {} and {} tokens; {} threads, device {}\n",
-             args.data, data.data_iter.num_examples(), data.src_vocab.size(), data.tgt_vocab.size(),
-             torch::get_num_threads(), args.device.str());
+  if (leader) std::filesystem::create_directories(args.out);
+  auto data = d2l::load_data_nmt(args.data, args.batch_size, kNumSteps, kNumExamples);
+  if (leader) {
+    fmt::print("{}: {} examples, vocabularies of {} and {} tokens; {} threads, device {}\n",
+               args.data, data.data_iter.num_examples(), data.src_vocab.size(),
+               data.tgt_vocab.size(), torch::get_num_threads(), args.device.str());
+  }
 
-  d2l::Seq2SeqEncoder encoder(data.src_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers, kDropout);
+  d2l::Seq2SeqEncoder encoder(data.src_vocab.size(), kEmbedSize, args.num_hiddens, kNumLayers,
+                              kDropout);
   d2l::Seq2SeqAttentionDecoder decoder(
-      d2l::Seq2SeqOptions(data.tgt_vocab.size(), kEmbedSize, kNumHiddens, kNumLayers)
+      d2l::Seq2SeqOptions(data.tgt_vocab.size(), kEmbedSize, args.num_hiddens, kNumLayers)
           .dropout(kDropout));
   d2l::EncoderDecoder net(encoder, decoder);
   const auto loss_svg = (args.out / "loss.svg").string();
-  d2l::train_seq2seq(*net, data.data_iter, kLr, args.epochs, data.tgt_vocab, args.device,
-                     d2l::TrainSeq2SeqOptions().svg_path(loss_svg));
+  const auto train_options = d2l::TrainSeq2SeqOptions().svg_path(loss_svg);
+  d2l::TrainSeq2SeqResult trained;
+#ifdef D2L_HAVE_DISTRIBUTED
+  if (group) {
+    trained = d2l::distributed::train_seq2seq(*net, data.data_iter, kLr, args.epochs,
+                                              data.tgt_vocab, args.device, group, train_options);
+  } else
+#endif
+  {
+    trained = d2l::train_seq2seq(*net, data.data_iter, kLr, args.epochs, data.tgt_vocab,
+                                 args.device, train_options);
+  }
+  if (!leader) return 0;
+  // Every epoch sees every example once: the median epoch's rate.
+  auto seconds = trained.epoch_seconds;
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  fmt::print("{:.1f} examples/sec (median of {} epochs; {:.1f} in the last)\n",
+             static_cast<double>(data.data_iter.num_examples()) / seconds[seconds.size() / 2],
+             seconds.size(), trained.examples_per_sec);
   fmt::print("wrote {}\n", loss_svg);
+  if (!args.save.empty()) {
+#ifdef D2L_HAVE_DISTRIBUTED
+    d2l::distributed::save_checkpoint(*net, args.save);
+#else
+    torch::save(net, args.save);
+#endif
+    fmt::print("wrote {}\n", args.save);
+  }
 
   const std::vector<std::string> engs{"go .", "i lost .", "he's calm .", "i'm home ."};
   const std::vector<std::string> fras{"va !", "j'ai perdu .", "il est calme .",

@@ -50,9 +50,16 @@ struct TrainSeq2SeqOptions {
 struct TrainSeq2SeqResult {
   /// Loss per token of every epoch.
   std::vector<double> losses;
+  /// Loss per token of every optimisation step (every batch, all ranks'
+  /// shares together).
+  std::vector<double> step_losses;
+  /// Wall-clock seconds of every epoch.
+  std::vector<double> epoch_seconds;
   /// Loss per token and tokens per second of the last epoch (the book's line
   /// "loss 0.020, 2874.8 tokens/sec on cuda:0").
   double loss = 0, tokens_per_sec = 0;
+  /// Sentence pairs per second of the last epoch.
+  double examples_per_sec = 0;
 };
 
 /// The book's `train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab,

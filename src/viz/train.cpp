@@ -1,5 +1,7 @@
 #include <d2l/train.h>
 
+#include "train_loop.h"
+
 #include <d2l/sequence_mask.h>
 #include <d2l/viz/plot.h>
 
@@ -104,11 +106,13 @@ void show_progress(int64_t epoch, int64_t num_epochs, double fraction, double lo
 
 }  // namespace
 
-TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
-                                 int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
-                                 const TrainSeq2SeqOptions& options) {
+namespace detail {
+
+TrainSeq2SeqResult train_seq2seq_loop(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
+                                      int64_t num_epochs, const Vocab& tgt_vocab,
+                                      torch::Device device, const TrainSeq2SeqOptions& options,
+                                      Seq2SeqSync* sync, const char* fn) {
   using Clock = std::chrono::steady_clock;
-  constexpr const char* fn = "d2l::train_seq2seq";
   TORCH_CHECK(lr > 0, fmt::format("{}: lr must be positive, got {}", fn, lr));
   TORCH_CHECK(num_epochs > 0,
               fmt::format("{}: num_epochs must be positive, got {}", fn, num_epochs));
@@ -117,32 +121,54 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
                           fn, data_iter.arrays().size()));
   const int64_t bos = tgt_vocab["<bos>"];
   TORCH_CHECK(bos != Vocab::unk(), fmt::format("{}: tgt_vocab has no <bos>", fn));
+  const int64_t rank = sync ? sync->rank() : 0, world_size = sync ? sync->world_size() : 1;
+  const bool leader = rank == 0;
   xavier_init_weights(net);
   net.to(device);
+  if (sync) sync->after_init(net);
   torch::optim::Adam optimizer(net.parameters(), torch::optim::AdamOptions(lr));
   MaskedSoftmaxCELoss loss;
   net.train();
-  const bool progress = options.progress() && isatty(fileno(stdout));
+  const bool progress = leader && options.progress() && isatty(fileno(stdout));
   TrainSeq2SeqResult result;
   d2l::Series curve;
   for (int64_t epoch = 1; epoch <= num_epochs; ++epoch) {
     const auto start = Clock::now();
     auto last_shown = start;
-    double loss_sum = 0, num_tokens = 0;
+    double loss_sum = 0, num_tokens = 0, num_examples = 0;
     const auto batches = data_iter.epoch();
     for (size_t b = 0; b < batches.size(); ++b) {
       optimizer.zero_grad();
-      const auto X = batches[b][0].to(device), X_valid_len = batches[b][1].to(device);
-      const auto Y = batches[b][2].to(device), Y_valid_len = batches[b][3].to(device);
-      const auto bos_column = torch::full({Y.size(0), 1}, bos, Y.options());
-      const auto dec_input = torch::cat({bos_column, Y.slice(1, 0, -1)}, 1);
-      const auto Y_hat = std::get<0>(net.forward(X, dec_input, X_valid_len));
-      const auto l = loss(Y_hat, Y, Y_valid_len).sum();
-      l.backward();
+      const int64_t batch_size = batches[b][0].size(0);
+      // Rank r's rows of the batch; one process takes them all.
+      const int64_t begin = batch_size * rank / world_size;
+      const int64_t end = batch_size * (rank + 1) / world_size;
+      double step_loss = 0, step_tokens = 0;
+      if (sync) sync->before_backward();
+      if (end > begin) {
+        const auto rows = [&](int i) { return batches[b][i].slice(0, begin, end).to(device); };
+        const auto X = rows(0), X_valid_len = rows(1), Y = rows(2), Y_valid_len = rows(3);
+        const auto bos_column = torch::full({Y.size(0), 1}, bos, Y.options());
+        const auto dec_input = torch::cat({bos_column, Y.slice(1, 0, -1)}, 1);
+        const auto Y_hat = std::get<0>(net.forward(X, dec_input, X_valid_len));
+        const auto l = loss(Y_hat, Y, Y_valid_len).sum();
+        l.backward();
+        step_loss = l.item<double>();
+        step_tokens = Y_valid_len.sum().item<double>();
+      }
+      if (sync) {
+        sync->after_backward();
+        auto totals = torch::tensor({step_loss, step_tokens}, torch::kDouble);
+        sync->sum(totals);
+        step_loss = totals[0].item<double>();
+        step_tokens = totals[1].item<double>();
+      }
       grad_clipping(net, 1);
       optimizer.step();
-      loss_sum += l.item<double>();
-      num_tokens += Y_valid_len.sum().item<double>();
+      loss_sum += step_loss;
+      num_tokens += step_tokens;
+      num_examples += static_cast<double>(batch_size);
+      result.step_losses.push_back(step_tokens > 0 ? step_loss / step_tokens : 0.0);
       const auto now = Clock::now();
       if (progress &&
           (b + 1 == batches.size() || now - last_shown > std::chrono::milliseconds(250))) {
@@ -154,8 +180,10 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     result.loss = loss_sum / num_tokens;
     result.tokens_per_sec = num_tokens / seconds;
+    result.examples_per_sec = num_examples / seconds;
     result.losses.push_back(result.loss);
-    if (!options.svg_path().empty() && (epoch % 10 == 0 || epoch == num_epochs)) {
+    result.epoch_seconds.push_back(seconds);
+    if (leader && !options.svg_path().empty() && (epoch % 10 == 0 || epoch == num_epochs)) {
       curve.x.push_back(static_cast<double>(epoch));
       curve.y.push_back(result.loss);
       d2l::save_plot({curve}, d2l::PlotOptions().xlabel("epoch").ylabel("loss"),
@@ -163,9 +191,20 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
     }
   }
   if (progress) fmt::print("\n");
-  fmt::print("loss {:.3f}, {:.1f} tokens/sec on {}\n", result.loss, result.tokens_per_sec,
-             device.str());
+  if (leader) {
+    fmt::print("loss {:.3f}, {:.1f} tokens/sec on {}{}\n", result.loss, result.tokens_per_sec,
+               device.str(), world_size > 1 ? fmt::format(", {} processes", world_size) : "");
+  }
   return result;
+}
+
+}  // namespace detail
+
+TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
+                                 int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
+                                 const TrainSeq2SeqOptions& options) {
+  return detail::train_seq2seq_loop(net, data_iter, lr, num_epochs, tgt_vocab, device, options,
+                                    nullptr, "d2l::train_seq2seq");
 }
 
 namespace {
