@@ -30,7 +30,7 @@ CI_FUZZ_SECONDS ?= 60
 
 .PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
         fra-eng bahdanau \
-        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa device-sources fixtures clean
+        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa bench-dp device-sources fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
@@ -183,6 +183,13 @@ fuzz: deps-sanitizers
 	cmake --preset fuzz
 	cmake --build --preset fuzz -j $(JOBS)
 	fuzz/run_fuzzer.sh build-fuzz/fuzz/fuzz_attention $(FUZZ_SECONDS) fuzz/corpus build-fuzz/fuzz/long
+
+# Samples/s of the Bahdanau example in 1 and 2 processes (d2l::distributed),
+# run alternately; DP_REPS runs of DP_EPOCHS epochs each (README, "Data-parallel training").
+DP_REPS ?= 3
+DP_EPOCHS ?= 30
+bench-dp: build
+	benchmarks/data_parallel.sh $(BUILD_DIR) $(DP_REPS) $(DP_EPOCHS)
 
 # Times this library and the book's Python code on the same shapes and thread
 # counts, one run after the other, and prints one table (also written to

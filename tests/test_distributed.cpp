@@ -243,8 +243,9 @@ TEST(Distributed, ARankThatNeverJoinsEndsTheRendezvousWithinTheTimeout) {
   EXPECT_EQ(run.result.exit_codes, std::vector<int>{3}) << run.log(0);
   EXPECT_THAT(run.log(0), HasSubstr("d2l::distributed::init_process_group (rank 0 of 2): the "
                                     "rendezvous at 127.0.0.1:"));
-  EXPECT_THAT(run.log(0),
-              HasSubstr("did not complete within 3000 ms: not every rank joined (1 of 2)"));
+  // LibTorch 1.13's store leaves the count to us ("(1 of 2)"); 2.x's says
+  // itself how many clients joined.
+  EXPECT_THAT(run.log(0), HasSubstr("did not complete within 3000 ms: not every rank joined ("));
   EXPECT_LT(run.seconds, 3 + 20.0);
   std::filesystem::remove_all(run.dir);
 }
