@@ -79,6 +79,16 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
     double dropout, bool training, Path path) {
+  // Without dropout the fused kernel also multiplies by the values: the
+  // whole op then runs on ATen's threads, with no bmm through OpenBLAS's
+  // pool (README, "Two thread pools"). Dropout keeps weights, dropout, bmm.
+  if (!(training && dropout > 0) &&
+      use_fused("d2l::AdditiveAttention", path, projected_queries.device())) {
+    TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
+                          values.device());
+    return additive_values_autograd(projected_queries, projected_keys, values, w_v.reshape({-1}),
+                                    lengths_arg(valid_lens));
+  }
   auto weights = additive_weights_nocheck(projected_queries, projected_keys, w_v, valid_lens, path);
   auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
   return {std::move(output), std::move(weights)};

@@ -46,6 +46,11 @@ torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
 torch::Tensor additive_autograd(const torch::Tensor& projected_queries,
                                 const torch::Tensor& projected_keys, const torch::Tensor& w,
                                 const torch::Tensor& lens, bool softmax);
+/// The fused CPU kernel through the values: (weights · values, weights), the
+/// weights being the masked softmax of the scores.
+std::tuple<torch::Tensor, torch::Tensor> additive_values_autograd(
+    const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
+    const torch::Tensor& values, const torch::Tensor& w, const torch::Tensor& lens);
 torch::Tensor chunked_additive_autograd(const torch::Tensor& projected_queries,
                                         const torch::Tensor& projected_keys,
                                         const torch::Tensor& w_v, int64_t chunk_bytes);

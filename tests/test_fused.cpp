@@ -15,9 +15,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "additive_attention.h"
+#include "checks.h"
 #include "cpu/additive_attention_kernel.h"
 #include "fused_helpers.h"
 #include "test_utils.h"
@@ -155,6 +157,167 @@ TEST_P(Fused, AdditiveModuleImplsAgreeIncludingNonContiguousInputs) {
   }
 }
 
+// Additive attention through the values (the fused kernel's forward_values
+// and backward_values, taken whenever no dropout is drawn): output, weights
+// and the gradients of queries, keys, values and the three weights, for a
+// loss on the output, on the weights, or on both.
+enum class AdditiveLoss { kOutput, kWeights, kBoth };
+
+std::vector<torch::Tensor> additive_through_values(const std::vector<torch::Tensor>& inputs,
+                                                   const torch::Tensor& lens, Path path,
+                                                   AdditiveLoss loss, const torch::Tensor& G_out,
+                                                   const torch::Tensor& G_weights) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().clone().requires_grad_());
+  auto [out, weights] = d2l::functional::additive_attention(
+      leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], leaves[5], lens, 0.0, false, path);
+  torch::Tensor total = torch::zeros({}, out.options());
+  if (loss != AdditiveLoss::kWeights) total = total + (out * G_out.to(out.scalar_type())).sum();
+  if (loss != AdditiveLoss::kOutput) {
+    total = total + (weights * G_weights.to(weights.scalar_type())).sum();
+  }
+  total.backward();
+  std::vector<torch::Tensor> result{out.detach(), weights.detach()};
+  for (const auto& t : leaves) {
+    result.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+  }
+  return result;
+}
+
+TEST_P(Fused, AdditiveThroughValuesMatchesCompositeInEveryDtype) {
+  torch::manual_seed(15);
+  struct Case {
+    int64_t B, n, m, query_size, key_size, h, d;
+  };
+  // d around the vector widths (4, 8, 16 lanes) and across the 4-vector block.
+  for (const Case& c :
+       {Case{2, 1, 10, 3, 4, 8, 2}, Case{2, 3, 7, 5, 6, 5, 9}, Case{3, 4, 9, 4, 4, 16, 17},
+        Case{2, 2, 17, 3, 3, 3, 33}, Case{2, 5, 33, 6, 7, 9, 8}, Case{2, 4, 8, 4, 4, 4, 1},
+        Case{2, 3, 20, 4, 4, 8, 65}}) {
+    const std::vector<torch::Tensor> inputs64{
+        torch::randn({c.B, c.n, c.query_size}, torch::kDouble),
+        torch::randn({c.B, c.m, c.key_size}, torch::kDouble),
+        torch::randn({c.B, c.m, c.d}, torch::kDouble),
+        torch::randn({c.h, c.query_size}, torch::kDouble) * 0.5,
+        torch::randn({c.h, c.key_size}, torch::kDouble) * 0.5,
+        torch::randn({1, c.h}, torch::kDouble)};
+    const auto G_out = torch::randn({c.B, c.n, c.d}, torch::kDouble);
+    const auto G_weights = torch::randn({c.B, c.n, c.m}, torch::kDouble);
+    const std::vector<torch::Tensor> all_lens{
+        torch::Tensor(), torch::randint(0, c.m + 3, {c.B}), torch::randint(0, c.m + 3, {c.B, c.n}),
+        torch::cat({torch::tensor({0}), torch::full({c.B - 1}, c.m + 5, torch::kLong)})};
+    for (const auto& lens : all_lens) {
+      for (auto loss : {AdditiveLoss::kOutput, AdditiveLoss::kWeights, AdditiveLoss::kBoth}) {
+        for (const auto& tol : kFastPathDtypes) {
+          // float16 on the CPU is refused where LibTorch cannot multiply it (1.13).
+          if (tol.dtype == torch::kHalf && !d2l::detail::cpu_float16_matmul_available()) continue;
+          std::vector<torch::Tensor> inputs;
+          for (const auto& t : inputs64) inputs.push_back(t.to(tol.dtype));
+          const auto what =
+              fmt::format("B={} n={} m={} h={} d={} lens {} loss {}", c.B, c.n, c.m, c.h, c.d,
+                          lens.defined() ? lens.dim() : -1, static_cast<int>(loss));
+          const auto fused =
+              additive_through_values(inputs, lens, Path::kFused, loss, G_out, G_weights);
+          // Reduced precision: the kernel accumulates in float; the reference
+          // is the float64 composite result on the same (rounded) inputs and
+          // upstream gradients. The fused path must be within the dtype's
+          // tolerance of it, or within 1.5x the composite path's own error in
+          // that dtype: the W_q and W_k gradients come from the Linear layers'
+          // backward, which rounds in the dtype on both paths (in bfloat16 at
+          // d = 65 both reach 6-7e-2 here, on different elements).
+          if (tol.dtype == torch::kHalf || tol.dtype == torch::kBFloat16) {
+            std::vector<torch::Tensor> rounded;
+            for (const auto& t : inputs) rounded.push_back(t.to(torch::kDouble));
+            const auto ref = additive_through_values(rounded, lens, Path::kComposite, loss,
+                                                     G_out.to(tol.dtype).to(torch::kDouble),
+                                                     G_weights.to(tol.dtype).to(torch::kDouble));
+            const auto composite =
+                additive_through_values(inputs, lens, Path::kComposite, loss, G_out, G_weights);
+            ASSERT_EQ(fused.size(), ref.size());
+            for (size_t i = 0; i < fused.size(); ++i) {
+              EXPECT_EQ(fused[i].scalar_type(), tol.dtype) << what << " output " << i;
+              EXPECT_FALSE(fused[i].isnan().any().item<bool>()) << what << " output " << i;
+              const double err = max_rel_error(fused[i], ref[i]);
+              const double bound = std::max(i == 0 ? tol.forward : tol.backward,
+                                            1.5 * max_rel_error(composite[i], ref[i]));
+              EXPECT_LE(err, bound)
+                  << what << " output " << i << " (" << c10::toString(tol.dtype) << ")";
+            }
+          } else {
+            expect_close(
+                fused,
+                additive_through_values(inputs, lens, Path::kComposite, loss, G_out, G_weights),
+                tol, what);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Values are read for valid keys only: inf and NaN stored at padding keys
+// change nothing (the book's bmm would multiply them by zero weights: NaN),
+// non-contiguous values are read as they are, and padding keys get zero
+// value gradients.
+TEST_P(Fused, AdditiveThroughValuesNeverReadsPaddingValues) {
+  torch::manual_seed(16);
+  const int64_t B = 3, n = 4, m = 11, d = 10;
+  const auto q = torch::randn({B, n, 6}, torch::kDouble);
+  const auto k = torch::randn({B, m, 5}, torch::kDouble);
+  const auto W_q = torch::randn({12, 6}, torch::kDouble),
+             W_k = torch::randn({12, 5}, torch::kDouble);
+  const auto w_v = torch::randn({1, 12}, torch::kDouble);
+  // Entry 0 reads keys 0..8, entry 1 keys 0..1, entry 2 all of them.
+  const auto lens = torch::tensor({{1, 0, 9, 4}, {2, 2, 2, 2}, {9, 8, 7, 30}});
+  // Non-contiguous values: (B, d, m) transposed.
+  const auto clean = torch::randn({B, d, m}, torch::kDouble).transpose(1, 2);
+  auto dirty = clean.clone();
+  ASSERT_FALSE(dirty.is_contiguous());
+  dirty.select(0, 0).narrow(0, 9, 2).fill_(std::numeric_limits<double>::quiet_NaN());
+  dirty.select(0, 1).narrow(0, 2, 9).fill_(std::numeric_limits<double>::infinity());
+  const auto G = torch::randn({B, n, d}, torch::kDouble);
+  auto run = [&](const torch::Tensor& values) {
+    return additive_through_values({q, k, values, W_q, W_k, w_v}, lens, Path::kFused,
+                                   AdditiveLoss::kBoth, G, torch::ones({B, n, m}, torch::kDouble));
+  };
+  const auto a = run(clean), b = run(dirty);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_FALSE(b[i].isnan().any().item<bool>()) << "output " << i;
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "output " << i;
+  }
+  const auto dv = b[4];  // the values' gradient: zero at every padding key
+  EXPECT_EQ(dv.select(0, 0).narrow(0, 9, 2).abs().max().item<double>(), 0.0);
+  EXPECT_EQ(dv.select(0, 1).narrow(0, 2, 9).abs().max().item<double>(), 0.0);
+  EXPECT_LT(max_rel_error(a[0], additive_through_values({q, k, clean, W_q, W_k, w_v}, lens,
+                                                        Path::kComposite, AdditiveLoss::kBoth, G,
+                                                        torch::ones({B, n, m}, torch::kDouble))[0]),
+            1e-12);
+}
+
+// The value gradients of a batch entry are gathered from per-thread buffers:
+// the same numbers at 1 and 2 threads, wherever the split falls.
+TEST_P(Fused, AdditiveThroughValuesSameNumbersAtOneAndTwoThreads) {
+  torch::manual_seed(17);
+  const int64_t B = 3, n = 64, m = 70, h = 32, d = 16;
+  const std::vector<torch::Tensor> inputs{
+      torch::randn({B, n, 8}, torch::kDouble), torch::randn({B, m, 8}, torch::kDouble),
+      torch::randn({B, m, d}, torch::kDouble), torch::randn({h, 8}, torch::kDouble),
+      torch::randn({h, 8}, torch::kDouble),    torch::randn({1, h}, torch::kDouble)};
+  const auto lens = torch::randint(0, m + 2, {B, n});
+  const auto G = torch::randn({B, n, d}, torch::kDouble);
+  const int saved = at::get_num_threads();
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    runs.push_back(additive_through_values(inputs, lens, Path::kFused, AdditiveLoss::kOutput, G,
+                                           torch::Tensor()));
+  }
+  at::set_num_threads(saved);
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_LT(max_rel_error(runs[0][i], runs[1][i]), 1e-13) << "output " << i;
+  }
+}
+
 TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
   torch::manual_seed(14);
   for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
@@ -282,6 +445,65 @@ TEST(FusedKernels, FusedAdditiveRefusesDoubleBackwardClearly) {
   const auto s = d2l::functional::additive_scores(q, k, w, Path::kFused);
   EXPECT_THAT(error_message([&] { torch::autograd::grad({s.sum()}, {q}, {}, true, true); }),
               HasSubstr("the fused CPU kernel has no double backward; use Path::kComposite"));
+}
+
+TEST(FusedKernels, FusedAdditiveThroughValuesRefusesDoubleBackwardClearly) {
+  const auto q = torch::randn({1, 2, 3}, torch::kDouble).requires_grad_();
+  const auto k = torch::randn({1, 4, 3}, torch::kDouble),
+             v = torch::randn({1, 4, 2}, torch::kDouble);
+  const auto W = torch::randn({5, 3}, torch::kDouble), w_v = torch::randn({1, 5}, torch::kDouble);
+  const auto out = std::get<0>(
+      d2l::functional::additive_attention(q, k, v, W, W, w_v, {}, 0.0, false, Path::kFused));
+  EXPECT_THAT(error_message([&] { torch::autograd::grad({out.sum()}, {q}, {}, true, true); }),
+              HasSubstr("the fused CPU kernel has no double backward; use Path::kComposite"));
+}
+
+// Dropout in training keeps the weights, dropout, bmm path: under the same
+// seed it draws the same mask as the composite path and gives its numbers.
+TEST(FusedKernels, AdditiveWithDropoutInTrainingMatchesComposite) {
+  const auto q = torch::randn({2, 5, 3}, torch::kDouble),
+             k = torch::randn({2, 6, 4}, torch::kDouble);
+  const auto v = torch::randn({2, 6, 7}, torch::kDouble);
+  const auto W_q = torch::randn({8, 3}, torch::kDouble), W_k = torch::randn({8, 4}, torch::kDouble);
+  const auto w_v = torch::randn({1, 8}, torch::kDouble);
+  const auto lens = torch::tensor({3, 6});
+  auto run = [&](Path path) {
+    torch::manual_seed(18);
+    auto leaf = v.clone().requires_grad_();
+    const auto out = std::get<0>(
+        d2l::functional::additive_attention(q, k, leaf, W_q, W_k, w_v, lens, 0.5, true, path));
+    out.sum().backward();
+    return std::vector<torch::Tensor>{out.detach(), leaf.grad()};
+  };
+  const auto fused = run(Path::kFused), composite = run(Path::kComposite);
+  EXPECT_LT(max_rel_error(fused[0], composite[0]), 1e-12);
+  EXPECT_LT(max_rel_error(fused[1], composite[1]), 1e-12);
+  // And the mask is drawn: some weight was dropped, the rest scaled by 2.
+  torch::manual_seed(18);
+  const auto kept = std::get<0>(
+      d2l::functional::additive_attention(q, k, v, W_q, W_k, w_v, lens, 0.5, false, Path::kFused));
+  EXPECT_GT(max_rel_error(fused[0], kept), 1e-3);
+}
+
+// No keys: zero outputs, zero gradients, and a values gradient of no rows.
+TEST(FusedKernels, AdditiveThroughValuesWithNoKeys) {
+  const std::vector<torch::Tensor> inputs{
+      torch::randn({2, 3, 2}, torch::kDouble), torch::randn({2, 0, 3}, torch::kDouble),
+      torch::randn({2, 0, 6}, torch::kDouble), torch::randn({4, 2}, torch::kDouble),
+      torch::randn({4, 3}, torch::kDouble),    torch::randn({1, 4}, torch::kDouble)};
+  // An empty batch first: its allocations must not leave the next output unwritten.
+  std::get<0>(d2l::functional::additive_attention(
+      torch::randn({0, 3, 2}, torch::kDouble), torch::randn({0, 5, 3}, torch::kDouble),
+      torch::randn({0, 5, 6}, torch::kDouble), inputs[3], inputs[4], inputs[5]));
+  const auto result =
+      additive_through_values(inputs, torch::tensor({0, 0}), Path::kFused, AdditiveLoss::kBoth,
+                              torch::ones({2, 3, 6}, torch::kDouble), torch::ones({2, 3, 0}));
+  EXPECT_EQ(result[0].sizes(), (std::vector<int64_t>{2, 3, 6}));
+  EXPECT_EQ(result[4].sizes(), (std::vector<int64_t>{2, 0, 6}));
+  for (size_t i = 0; i < result.size(); ++i) {
+    EXPECT_EQ(result[i].numel() == 0 ? 0.0 : result[i].abs().max().item<double>(), 0.0)
+        << "output " << i;
+  }
 }
 
 TEST(FusedKernels, RecordingWeightsCanBeTurnedOff) {

@@ -2,6 +2,8 @@
 // (B, n, m, h) features:
 // - AdditiveFunction: the fused CPU kernel (optionally with the masked
 //   softmax folded in), backward recomputing tanh;
+// - AdditiveValuesFunction: the same with the product by the values folded in
+//   too, for attention without dropout;
 // - ChunkedAdditiveFunction: ATen ops over blocks of queries, for any device,
 //   so CUDA memory stays bounded too.
 
@@ -60,6 +62,56 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
   }
 };
 
+// The fused kernel with the product by the values folded in (softmax only):
+// (output, weights) = (weights · values, masked softmax of the scores). No
+// (B, n, m) product goes through BLAS, so the whole op runs on ATen's
+// threads (see README, "Two thread pools"). Either output may be unused:
+// an undefined gradient stays undefined (set_materialize_grads(false)).
+struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction> {
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& queries,
+                             const torch::Tensor& keys, const torch::Tensor& values,
+                             const torch::Tensor& w_v, const torch::Tensor& lens) {
+    ctx->set_materialize_grads(false);
+    const auto q = compute_type(queries), w = compute_type(w_v);
+    const auto dtype = q.scalar_type();
+    const auto& kernels = cpu::additive_attention_kernels();
+    const int64_t vector_size = kernels.vector_size(dtype);
+    const auto kT = transposed_keys(as_dtype(keys, dtype), vector_size);
+    const auto v = as_dtype(values, dtype).contiguous();
+    auto weights = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
+    auto out = torch::empty({q.size(0), q.size(1), values.size(2)}, q.options());
+    kernels.forward_values(q, kT, w, v, weights, out, lens);
+    // The backward reads the values transposed, as the keys.
+    ctx->save_for_backward({q, kT, w, transposed_keys(v, vector_size), weights, lens});
+    return {as_dtype(out, queries.scalar_type()), as_dtype(weights, queries.scalar_type())};
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
+                "Path::kComposite when you need create_graph=true");
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &kT = saved[1], &w = saved[2], &vT = saved[3], &y = saved[4],
+               &lens = saved[5];
+    const auto& dout_grad = grads[0];
+    const auto& dweights_grad = grads[1];
+    if (!dout_grad.defined() && !dweights_grad.defined()) return tensor_list(5);
+    const auto grad_dtype =
+        dout_grad.defined() ? dout_grad.scalar_type() : dweights_grad.scalar_type();
+    const int64_t m = y.size(2), d = vT.size(1);
+    const auto dout = dout_grad.defined() ? as_dtype(dout_grad, q.scalar_type()).contiguous()
+                                          : torch::zeros({q.size(0), q.size(1), d}, q.options());
+    const auto dy = dweights_grad.defined() ? as_dtype(dweights_grad, q.scalar_type()).contiguous()
+                                            : torch::Tensor();
+    auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
+    auto dv = torch::empty({q.size(0), m, d}, q.options());
+    cpu::additive_attention_kernels().backward_values(q, kT, w, vT, y, dout, dy, dq, dkT, dw, dv,
+                                                      lens);
+    return {as_dtype(dq, grad_dtype), as_dtype(dkT.narrow(2, 0, m).transpose(1, 2), grad_dtype),
+            as_dtype(dv, grad_dtype), as_dtype(dw, grad_dtype), torch::Tensor()};
+  }
+};
+
 // Queries per block so that one block's (B, c, m, h) features stay near chunk_bytes.
 int64_t chunk_queries(const torch::Tensor& q, const torch::Tensor& k, int64_t chunk_bytes) {
   const int64_t per_query = q.size(0) * k.size(1) * q.size(2) * q.element_size();
@@ -114,6 +166,13 @@ torch::Tensor additive_autograd(const torch::Tensor& projected_queries,
                                 const torch::Tensor& projected_keys, const torch::Tensor& w,
                                 const torch::Tensor& lens, bool softmax) {
   return AdditiveFunction::apply(projected_queries, projected_keys, w, lens, softmax);
+}
+
+std::tuple<torch::Tensor, torch::Tensor> additive_values_autograd(
+    const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
+    const torch::Tensor& values, const torch::Tensor& w, const torch::Tensor& lens) {
+  auto outputs = AdditiveValuesFunction::apply(projected_queries, projected_keys, values, w, lens);
+  return {std::move(outputs[0]), std::move(outputs[1])};
 }
 
 torch::Tensor chunked_additive_autograd(const torch::Tensor& projected_queries,

@@ -94,13 +94,105 @@ void additive_scores_row(const T* q, const T* kT, const T* w, T* scores, int64_t
   }
 }
 
+// The values of forward_values and backward_values: v (B, m, d) for the
+// forward, vT (B, d, m_pad) for the backward, do (B, n, d) and dv (B, m, d).
+// `on` false: the kernels without values. (Not a null pointer: an empty
+// tensor's data pointer may be null.)
+template <typename T>
+struct ValuesArgs {
+  bool on = false;
+  const T* v = nullptr;
+  T* o = nullptr;
+  const T* vT = nullptr;
+  const T* dout = nullptr;
+  T* dv = nullptr;
+  int64_t d = 0;
+};
+
+// y[0:d] += a * x[0:d], vectorised over d.
+template <typename T>
+void axpy_row(T a, const T* x, T* y, int64_t d) {
+  using V = Vectorized<T>;
+  const V va(a);
+  int64_t c = 0;
+  for (; c + V::size() <= d; c += V::size()) {
+    at::vec::fmadd(va, V::loadu(x + c), V::loadu(y + c)).store(y + c);
+  }
+  if (c < d) at::vec::fmadd(va, V::loadu(x + c, d - c), V::loadu(y + c, d - c)).store(y + c, d - c);
+}
+
+// o[0:d] = sum_{j < L} p[j] v[j, 0:d]: one query's output. Up to four
+// vectors of o stay in registers across the keys.
+template <typename T>
+void weighted_values_row(const T* p, const T* v, T* o, int64_t L, int64_t d) {
+  using V = Vectorized<T>;
+  constexpr int64_t S = V::size();
+  int64_t c = 0;
+  for (; c + 4 * S <= d; c += 4 * S) {
+    V a0(0), a1(0), a2(0), a3(0);
+    for (int64_t j = 0; j < L; ++j) {
+      const V pj(p[j]);
+      const T* vj = v + j * d + c;
+      a0 = at::vec::fmadd(pj, V::loadu(vj), a0);
+      a1 = at::vec::fmadd(pj, V::loadu(vj + S), a1);
+      a2 = at::vec::fmadd(pj, V::loadu(vj + 2 * S), a2);
+      a3 = at::vec::fmadd(pj, V::loadu(vj + 3 * S), a3);
+    }
+    a0.store(o + c);
+    a1.store(o + c + S);
+    a2.store(o + c + 2 * S);
+    a3.store(o + c + 3 * S);
+  }
+  for (; c < d; c += S) {
+    const int64_t width = std::min(S, d - c);
+    V a(0);
+    for (int64_t j = 0; j < L; ++j) {
+      const T* vj = v + j * d + c;
+      a = at::vec::fmadd(V(p[j]), width == S ? V::loadu(vj) : V::loadu(vj, width), a);
+    }
+    if (width == S) {
+      a.store(o + c);
+    } else {
+      a.store(o + c, width);
+    }
+  }
+}
+
+// g[j] = sum_c go[c] vT[c, j] for keys [0, L) (whole vectors: g and vT rows
+// have room up to m_pad): the gradient reaching one query's weights through
+// its output. Vectorised over keys, as the scores are.
+template <typename T>
+void weights_grad_row(const T* go, const T* vT, T* g, int64_t L, int64_t d, int64_t m_pad) {
+  using V = Vectorized<T>;
+  constexpr int64_t S = V::size();
+  int64_t j = 0;
+  for (; j + S < L; j += 2 * S) {
+    V acc0(0), acc1(0);
+    for (int64_t c = 0; c < d; ++c) {
+      const V gc(go[c]);
+      const T* vc = vT + c * m_pad + j;
+      acc0 = at::vec::fmadd(gc, V::loadu(vc), acc0);
+      acc1 = at::vec::fmadd(gc, V::loadu(vc + S), acc1);
+    }
+    acc0.store(g + j);
+    acc1.store(g + j + S);
+  }
+  if (j < L) {
+    V acc(0);
+    for (int64_t c = 0; c < d; ++c)
+      acc = at::vec::fmadd(V(go[c]), V::loadu(vT + c * m_pad + j), acc);
+    acc.store(g + j);
+  }
+}
+
 template <typename T>
 void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape s, RowLengths lens,
-                      bool softmax) {
-  // A row costs its valid keys' tanh (and the softmax's pass over all m).
+                      bool softmax, ValuesArgs<T> values = {}) {
+  // A row costs its valid keys' tanh (and the softmax's pass over all m), and
+  // with values its valid keys' products with them.
   std::vector<int64_t> costs(s.B * s.n);
   for (int64_t r = 0; r < s.B * s.n; ++r) {
-    costs[r] = (softmax ? lens.at(r, s.m) : s.m) * s.h + s.m;
+    costs[r] = (softmax ? lens.at(r, s.m) : s.m) * (s.h + values.d) + s.m;
   }
   parallel_runs(costs, [&](int64_t begin, int64_t end) {
     std::vector<T> scores(s.m_pad);
@@ -113,6 +205,10 @@ void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape
         softmax_row(scores.data(), row, L, s.m, T(1));
       } else {
         std::copy(scores.begin(), scores.begin() + s.m, row);
+      }
+      if (values.on) {
+        weighted_values_row(row, values.v + (r / s.n) * s.m * values.d, values.o + r * values.d, L,
+                            values.d);
       }
     }
   });
@@ -167,14 +263,22 @@ void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds,
 // rows, adds dk into a per-thread buffer for its batch entry that is added to
 // dk under a lock when the thread moves on, and dw gets one accumulator per
 // thread.
+//
+// With values (softmax only), the weights' gradient of a row is first made
+// from the output's, go_i · v_j (plus dout, a gradient reaching the weights
+// themselves, when given), and dv_j += y_ij go_i goes into a per-thread
+// buffer flushed with dk's.
 template <typename T>
 void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T* dout, T* dq,
-                       T* dkT, T* dw, AdditiveShape s, RowLengths lens, bool softmax) {
+                       T* dkT, T* dw, AdditiveShape s, RowLengths lens, bool softmax,
+                       ValuesArgs<T> values = {}) {
   using V = Vectorized<T>;
   constexpr int64_t R = kQueryBlock;
   const int64_t threads = at::get_num_threads();
   std::vector<V> dw_acc(threads * s.h, V(0));
+  const int64_t d = values.d;
   std::fill(dkT, dkT + s.B * s.h * s.m_pad, T(0));
+  if (values.on) std::fill(values.dv, values.dv + s.B * s.m * d, T(0));
   const int64_t blocks = (s.n + R - 1) / R;
   auto longest = [&](int64_t b, int64_t i0, int64_t rows) {
     int64_t L = 0;
@@ -186,24 +290,29 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   std::vector<int64_t> costs(s.B * blocks);
   for (int64_t t = 0; t < s.B * blocks; ++t) {
     const int64_t b = t / blocks, i0 = t % blocks * R, rows = std::min(R, s.n - i0);
-    costs[t] = rows * (longest(b, i0, rows) * s.h + s.m);
+    costs[t] = rows * (longest(b, i0, rows) * (s.h + 2 * d) + s.m);
   }
   std::mutex dk_lock;
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     V* dw_thread = dw_acc.data() + at::get_thread_num() * s.h;
     std::vector<T> ds(R * s.m_pad), dk_local(s.h * s.m_pad);
-    int64_t batch = -1;  // the batch entry dk_local belongs to
+    std::vector<T> dy_row(values.on ? s.m_pad : 0);
+    std::vector<T> dv_local(values.on ? s.m * d : 0);
+    int64_t batch = -1;  // the batch entry dk_local and dv_local belong to
     auto flush = [&] {
       if (batch < 0) return;
       std::lock_guard<std::mutex> guard(dk_lock);
       T* dkTb = dkT + batch * s.h * s.m_pad;
       for (int64_t e = 0; e < s.h * s.m_pad; ++e) dkTb[e] += dk_local[e];
+      T* dvb = values.dv + batch * s.m * d;
+      for (size_t e = 0; e < dv_local.size(); ++e) dvb[e] += dv_local[e];
     };
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / blocks, i0 = t % blocks * R, rows = std::min(R, s.n - i0);
       if (b != batch) {
         flush();
         std::fill(dk_local.begin(), dk_local.end(), T(0));
+        std::fill(dv_local.begin(), dv_local.end(), T(0));
         batch = b;
       }
       const int64_t L = longest(b, i0, rows);
@@ -211,7 +320,16 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row = b * s.n + i0 + r, Lr = softmax ? lens.at(row, s.m) : s.m;
         T* dsr = ds.data() + r * s.m_pad;
-        if (softmax) {
+        if (values.on) {
+          const T* go = values.dout + row * d;
+          weights_grad_row(go, values.vT + b * d * s.m_pad, dy_row.data(), Lr, d, s.m_pad);
+          if (dout != nullptr) {
+            for (int64_t j = 0; j < Lr; ++j) dy_row[j] += dout[row * s.m + j];
+          }
+          softmax_backward_row(y + row * s.m, dy_row.data(), dsr, Lr, s.m, T(1));
+          for (int64_t j = 0; j < Lr; ++j)
+            axpy_row(y[row * s.m + j], go, dv_local.data() + j * d, d);
+        } else if (softmax) {
           softmax_backward_row(y + row * s.m, dout + row * s.m, dsr, Lr, s.m, T(1));
         } else {
           std::copy(dout + row * s.m, dout + (row + 1) * s.m, dsr);
@@ -262,6 +380,43 @@ void backward(const at::TensorBase& q, const at::TensorBase& kT, const at::Tenso
   });
 }
 
+void forward_values(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+                    const at::TensorBase& v, const at::TensorBase& y, const at::TensorBase& o,
+                    const at::TensorBase& lens) {
+  const AdditiveShape s = shape_of(q, kT, y);
+  const RowLengths L = row_lengths(lens, s.n);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
+    ValuesArgs<scalar_t> values;
+    values.on = true;
+    values.v = v.data_ptr<scalar_t>();
+    values.o = o.data_ptr<scalar_t>();
+    values.d = v.size(2);
+    additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                     y.data_ptr<scalar_t>(), s, L, /*softmax=*/true, values);
+  });
+}
+
+void backward_values(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+                     const at::TensorBase& vT, const at::TensorBase& y, const at::TensorBase& dout,
+                     const at::TensorBase& dy, const at::TensorBase& dq, const at::TensorBase& dkT,
+                     const at::TensorBase& dw, const at::TensorBase& dv,
+                     const at::TensorBase& lens) {
+  const AdditiveShape s = shape_of(q, kT, y);
+  const RowLengths L = row_lengths(lens, s.n);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
+    ValuesArgs<scalar_t> values;
+    values.on = true;
+    values.vT = vT.data_ptr<scalar_t>();
+    values.dout = dout.data_ptr<scalar_t>();
+    values.dv = dv.data_ptr<scalar_t>();
+    values.d = vT.size(1);
+    additive_backward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                      y.data_ptr<scalar_t>(), dy.defined() ? dy.data_ptr<scalar_t>() : nullptr,
+                      dq.data_ptr<scalar_t>(), dkT.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), s,
+                      L, /*softmax=*/true, values);
+  });
+}
+
 void tanh_tensor(const at::TensorBase& x, const at::TensorBase& y) {
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "d2l::tanh", [&] {
     tanh_kernel(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.numel());
@@ -275,7 +430,8 @@ int64_t vector_size(c10::ScalarType dtype) {
 }  // namespace
 
 const AdditiveAttentionKernels& additive_attention_kernels() {
-  static const AdditiveAttentionKernels table{&forward, &backward, &tanh_tensor, &vector_size};
+  static const AdditiveAttentionKernels table{&forward,         &backward,    &forward_values,
+                                              &backward_values, &tanh_tensor, &vector_size};
   return table;
 }
 

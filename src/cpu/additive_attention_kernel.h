@@ -27,6 +27,23 @@ struct AdditiveAttentionKernels {
                    const at::TensorBase& y, const at::TensorBase& dout, const at::TensorBase& dq,
                    const at::TensorBase& dkT, const at::TensorBase& dw, const at::TensorBase& lens,
                    bool softmax);
+  /// forward with `softmax`, followed by the product with the values, in the
+  /// same pass over each row: y (B, n, m) the weights, o (B, n, d) = y · v for
+  /// v (B, m, d). Only a row's valid keys reach o, so whatever the values hold
+  /// at padding keys (inf, NaN) cannot leak.
+  void (*forward_values)(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+                         const at::TensorBase& v, const at::TensorBase& y, const at::TensorBase& o,
+                         const at::TensorBase& lens);
+  /// Gradients of forward_values from do (B, n, d) and, when defined, dy (B,
+  /// n, m), a gradient reaching the weights themselves. vT (B, d, m_pad) is v
+  /// transposed and zero-padded as kT is. dq, dkT, dw and dv (B, m, d) are
+  /// overwritten.
+  void (*backward_values)(const at::TensorBase& q, const at::TensorBase& kT,
+                          const at::TensorBase& w, const at::TensorBase& vT,
+                          const at::TensorBase& y, const at::TensorBase& dout,
+                          const at::TensorBase& dy, const at::TensorBase& dq,
+                          const at::TensorBase& dkT, const at::TensorBase& dw,
+                          const at::TensorBase& dv, const at::TensorBase& lens);
   /// y = tanh(x), elementwise: the function additive attention spends its time
   /// in (a rational approximation for float, see additive_attention_kernel.cpp).
   void (*tanh)(const at::TensorBase& x, const at::TensorBase& y);
