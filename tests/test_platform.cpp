@@ -10,6 +10,7 @@
 #include <d2l/multi_head_attention.h>
 #include <d2l/torch_version.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -44,6 +45,37 @@ TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
   EXPECT_FALSE(D2L_TORCH_VERSION_AT_LEAST(99, 0));
   EXPECT_EQ(d2l::to_string(Path::kAuto), "auto");
   EXPECT_EQ(d2l::to_string(Path::kSdpa), "sdpa");
+}
+
+TEST(Platform, SetNumThreadsSizesBothPools) {
+  const auto before = d2l::cpu_threads();
+  EXPECT_EQ(before.intra_op, at::get_num_threads());
+  if (TORCH_VERSION_MAJOR < 2) {
+    // Debian's libtorch calls OpenBLAS when libopenblas0-pthread provides
+    // libblas.so.3 (`make deps` installs it; without it bmm is ~15x slower).
+    EXPECT_GE(before.openblas, 1) << "OpenBLAS is not the BLAS of this process";
+  } else {
+    EXPECT_EQ(before.openblas, 0) << "the PyPI wheels carry MKL, not OpenBLAS";
+  }
+  const auto two = d2l::set_num_threads(2);
+  EXPECT_EQ(two.intra_op, 2);
+  EXPECT_EQ(at::get_num_threads(), 2);
+  EXPECT_EQ(two.openblas, before.openblas > 0 ? 1 : 0);
+  const auto other = d2l::set_num_threads(1, 2);
+  EXPECT_EQ(other.intra_op, 1);
+  EXPECT_EQ(other.openblas, before.openblas > 0 ? 2 : 0);
+  EXPECT_EQ(d2l::cpu_threads().openblas, other.openblas);
+
+  EXPECT_THAT(error_message([] { d2l::set_num_threads(0); }),
+              HasSubstr("d2l::set_num_threads: threads must be at least 1 (and fit an int), got 0"));
+  EXPECT_THAT(error_message([] { d2l::set_num_threads(2, -1); }),
+              HasSubstr("openblas_threads must be at least 1 (and fit an int), got -1"));
+  EXPECT_THAT(error_message([] { d2l::set_num_threads(int64_t{1} << 40); }),
+              HasSubstr("got 1099511627776"));
+  // A refused call changes nothing.
+  EXPECT_EQ(d2l::cpu_threads().intra_op, 1);
+  EXPECT_EQ(d2l::cpu_threads().openblas, other.openblas);
+  d2l::set_num_threads(before.intra_op, std::max<int64_t>(before.openblas, 1));
 }
 
 TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {

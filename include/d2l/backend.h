@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace d2l {
@@ -63,5 +64,30 @@ bool cpu_isa_available(CpuIsa isa);
 
 /// "default", "avx2" or "avx512".
 std::string to_string(CpuIsa isa);
+
+/// The CPU thread pools of this process (README, "Two thread pools").
+struct CpuThreads {
+  /// ATen's intra-op pool (OpenMP), which the fused kernels run on:
+  /// at::get_num_threads().
+  int64_t intra_op = 0;
+  /// OpenBLAS's own pthread pool, where LibTorch's BLAS is OpenBLAS
+  /// (Debian's libtorch with libopenblas0-pthread); 0 where this process has
+  /// no OpenBLAS (PyPI's wheels use MKL, which runs on ATen's OpenMP pool and
+  /// which at::set_num_threads sizes).
+  int64_t openblas = 0;
+};
+
+/// The pools' sizes now.
+CpuThreads cpu_threads();
+
+/// Sizes both pools consistently: ATen's intra-op pool to `threads`
+/// (at::set_num_threads) and OpenBLAS's pool, where there is one, to
+/// `openblas_threads`. The default, 1, keeps one pool of `threads` threads:
+/// at::set_num_threads alone leaves OpenBLAS at OPENBLAS_NUM_THREADS or every
+/// core, and on the same cores its workers and OpenMP's (which spin after
+/// each parallel region) slow each other down, most at 2 threads. Returns
+/// the sizes now in force. c10::Error for a count below 1. Like
+/// at::set_num_threads, call it before the work, not while ops run.
+CpuThreads set_num_threads(int64_t threads, int64_t openblas_threads = 1);
 
 }  // namespace d2l
