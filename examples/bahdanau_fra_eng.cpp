@@ -35,7 +35,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -51,21 +50,6 @@ void prefer_passive_openmp_waits(int, char**, char**) {
 __attribute__((section(".preinit_array"),
                used)) void (*const preinit_openmp)(int, char**,
                                                    char**) = prefer_passive_openmp_waits;
-
-// OpenBLAS runs its own thread pool, sized from OPENBLAS_NUM_THREADS or else
-// every core, whatever torch::set_num_threads says. This model's matrix
-// products are small: on 2 cores at 2 threads, a 2-thread pool ran at about
-// 1,500-2,000 examples/s, a 1-thread pool at 4,500-5,000 (ATen's own threads
-// do the parallel work), and processes sharing a machine would each run a
-// pool over all of it. Unless the variable is set, the pool gets 1 thread.
-// (Setting the variable from .preinit_array came too late for OpenBLAS.)
-void single_threaded_openblas() {
-  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(1);
-  }
-}
 
 constexpr int64_t kEmbedSize = 32, kNumHiddens = 32, kNumLayers = 2;
 constexpr double kDropout = 0.1, kLr = 0.005;
@@ -144,7 +128,6 @@ Args parse(int argc, char** argv) {
 }
 
 int run(const Args& args) {
-  single_threaded_openblas();
 #ifdef D2L_HAVE_DISTRIBUTED
   if (args.launch.spawn() > 0) {
     const auto result = d2l::distributed::spawn_local(
@@ -168,7 +151,14 @@ int run(const Args& args) {
 #else
   const bool leader = true;
 #endif
-  torch::set_num_threads(args.threads);
+  // OpenBLAS runs its own thread pool, sized from OPENBLAS_NUM_THREADS or
+  // else every core, whatever torch::set_num_threads says. This model's
+  // matrix products are small: on 2 cores at 2 threads, a 2-thread pool ran
+  // at about 1,500-2,000 examples/s, a 1-thread pool at 4,500-5,000 (ATen's
+  // own threads do the parallel work), and processes sharing a machine would
+  // each run a pool over all of it. d2l::set_num_threads sizes ATen's pool
+  // and gives OpenBLAS's 1 thread.
+  d2l::set_num_threads(args.threads);
   torch::manual_seed(0);
   if (leader) std::filesystem::create_directories(args.out);
   auto data = d2l::load_data_nmt(args.data, args.batch_size, kNumSteps, kNumExamples);

@@ -242,7 +242,7 @@ int translate(const Args& args) {
 }
 
 int run(const Args& args) {
-  torch::set_num_threads(args.threads);
+  d2l::set_num_threads(args.threads);  // ATen's pool; OpenBLAS's at 1 thread
   torch::manual_seed(kSeed);
   if (!args.translate_model.empty()) return translate(args);
   std::filesystem::create_directories(args.out);
