@@ -162,15 +162,15 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   const Dims s = dims_of(q, v);
   const int64_t m_pad = round_up_to_tile<T>(s.m);
   const T* kd = k.data_ptr<T>();
-  std::vector<T> kp(s.B * m_pad * s.d);
+  const auto kp = uninitialized_buffer<T>(s.B * m_pad * s.d);
   at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.data() + b * m_pad * s.d);
+      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.get() + b * m_pad * s.d);
     }
   });
   const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
   const ForwardArgs<T> args{
-      s,        q.data_ptr<T>(),   kp.data(),        vp.data, vp.ld, row_lengths(lens, s.n),
+      s,        q.data_ptr<T>(),   kp.get(),         vp.data, vp.ld, row_lengths(lens, s.n),
       T(scale), out.data_ptr<T>(), lse.data_ptr<T>(),
       weights.defined() ? weights.data_ptr<T>() : nullptr};
   const int64_t blocks = div_up(s.n, kQueryBlock);
@@ -317,41 +317,52 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   const int64_t m_pad = round_up_to_tile<T>(s.m);
   const T *qd = q.data_ptr<T>(), *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
   const T *od = out.data_ptr<T>(), *dod = dout.data_ptr<T>();
-  std::vector<T> kp(s.B * m_pad * s.d), vtp(s.B * m_pad * s.dv), delta(s.B * s.n);
+  const auto kp = uninitialized_buffer<T>(s.B * m_pad * s.d);
+  const auto vtp = uninitialized_buffer<T>(s.B * m_pad * s.dv);
+  const auto delta = uninitialized_buffer<T>(s.B * s.n);
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  // Keys at or past a batch entry's longest length get no gradient.
+  std::vector<int64_t> batch_longest(s.B);
+  for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
+  T *dqd = dq.data_ptr<T>(), *dkd = dk.data_ptr<T>(), *dvd = dv.data_ptr<T>();
+  // Packing, delta, and the zeros of the gradients, in parallel: dq (which
+  // the tasks add their shares to) and the rows of dk and dv past each batch
+  // entry's longest length (the tasks write the rows below it).
   at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.data() + b * m_pad * s.d);
-      pack_transposed(vd + b * s.m * s.dv, s.m, s.dv, vtp.data() + b * m_pad * s.dv);
+      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.get() + b * m_pad * s.d);
+      pack_transposed(vd + b * s.m * s.dv, s.m, s.dv, vtp.get() + b * m_pad * s.dv);
       for (int64_t i = b * s.n; i < (b + 1) * s.n; ++i) {
         T sum = 0;
         for (int64_t c = 0; c < s.dv; ++c) sum += dod[i * s.dv + c] * od[i * s.dv + c];
         delta[i] = sum;
       }
+      std::fill_n(dqd + b * s.n * s.d, s.n * s.d, T(0));
+      const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
+      std::fill(dkd + from * s.d, dkd + to * s.d, T(0));
+      std::fill(dvd + from * s.dv, dvd + to * s.dv, T(0));
     }
   });
   const Padded<T> qpad(qd, s.B * s.n, s.d), kpad(kd, s.B * s.m, s.d), dopad(dod, s.B * s.n, s.dv);
   std::mutex dq_lock;
   const BackwardArgs<T> args{s,
                              qd,
-                             kp.data(),
-                             vtp.data(),
+                             kp.get(),
+                             vtp.get(),
                              dod,
                              lse.data_ptr<T>(),
-                             delta.data(),
+                             delta.get(),
                              qpad.data,
                              kpad.data,
                              dopad.data,
                              qpad.ld,
                              dopad.ld,
-                             row_lengths(lens, s.n),
+                             row_lens,
                              T(scale),
-                             dq.data_ptr<T>(),
-                             dk.data_ptr<T>(),
-                             dv.data_ptr<T>(),
+                             dqd,
+                             dkd,
+                             dvd,
                              &dq_lock};
-  std::fill_n(args.dq, s.B * s.n * s.d, T(0));
-  std::fill_n(args.dk, s.B * s.m * s.d, T(0));
-  std::fill_n(args.dv, s.B * s.m * s.dv, T(0));
   // Tasks: the key blocks of each batch entry below its longest length, at a
   // cost of the rows and keys their query blocks visit.
   std::vector<int64_t> task_b, task_j0, costs;
@@ -371,8 +382,6 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       costs.push_back(cost);
     }
   }
-  std::vector<int64_t> batch_longest(s.B);
-  for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(args.lens, s, b, 0, s.n);
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     BackwardScratch<T> scratch(s, qpad.ld, dopad.ld);
     for (int64_t t = t0; t < t1; ++t) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu/gemm-inl.h"
@@ -24,6 +25,15 @@ constexpr int64_t kQueryBlock = 48;  // a multiple of kTileRows
 constexpr int64_t kKeyBlock = 256;
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// n elements left uninitialized, for buffers that a parallel pass writes in
+// full: std::vector would first zero them on the calling thread, a serial
+// stretch (about 1 MB per buffer at the bench's mid shape) that kept the
+// kernels from scaling with threads.
+template <typename T>
+std::unique_ptr<T[]> uninitialized_buffer(int64_t n) {
+  return std::unique_ptr<T[]>(new T[n]);
+}
 
 struct Dims {
   int64_t B, n, m, d, dv;
