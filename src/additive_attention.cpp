@@ -11,6 +11,7 @@
 #include "attention_weights.h"
 #include "checks.h"
 #include "cpu/kernel_args.h"
+#include "linear.h"
 #include "masked_softmax.h"
 #include "path.h"
 
@@ -130,10 +131,9 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention(
   check_linear_weight(fn, "W_k", W_k, h, keys.size(2), "queries", queries);
   check_linear_weight(fn, "w_v", w_v, 1, h, "queries", queries);
   check_dropout(fn, dropout);
-  namespace F = torch::nn::functional;
-  auto [output, weights] =
-      additive_attention_projected(F::linear(queries, W_q), F::linear(keys, W_k), values, w_v,
-                                   valid_lens, dropout, training, path);
+  auto [output, weights] = additive_attention_projected(
+      linear(queries, W_q, {}, path), linear(keys, W_k, {}, path), values, w_v, valid_lens,
+      dropout, training, path);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
 }

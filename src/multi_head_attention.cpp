@@ -3,13 +3,13 @@
 
 #include <d2l/multi_head_attention.h>
 
-#include <torch/nn/functional/linear.h>
 
 #include <fmt/format.h>
 
 #include "attention_weights.h"
 #include "checks.h"
 #include "dot_product_attention.h"
+#include "linear.h"
 
 namespace d2l {
 namespace {
@@ -117,7 +117,8 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
   check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
   detail::check_dropout(fn, o.dropout());
-  namespace F = torch::nn::functional;
+  const auto project = [&o](const torch::Tensor& x, const torch::Tensor& W,
+                            const torch::Tensor& b) { return detail::linear(x, W, b, o.path()); };
   // Head b * heads + i belongs to batch element b: each length is repeated per head.
   const auto lens =
       valid_lens.defined() ? valid_lens.repeat_interleave(heads, /*dim=*/0) : valid_lens;
@@ -126,11 +127,11 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
     range->on_host = range->on_host.repeat_interleave(heads, /*dim=*/0);
   }
   auto [output, weights] = detail::dot_product_attention(
-      "d2l::dot_product_attention", transpose_qkv(F::linear(queries, o.W_q(), o.b_q()), heads),
-      transpose_qkv(F::linear(keys, o.W_k(), o.b_k()), heads),
-      transpose_qkv(F::linear(values, o.W_v(), o.b_v()), heads), lens, range, o.dropout(),
+      "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
+      transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
+      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), lens, range, o.dropout(),
       o.training(), o.path(), o.need_weights());
-  return {F::linear(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
+  return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
 
 }  // namespace

@@ -1,0 +1,119 @@
+// detail::linear (linear.h): Linear layers whose matrix products run on
+// ATen's intra-op threads when OpenBLAS would run them on one.
+//
+// With OpenBLAS at 1 thread (the setting README, "Two thread pools",
+// recommends, so that OpenMP's pool is the only one), every GEMM of a Linear
+// layer runs on the calling thread while the fused kernels around it use all
+// of ATen's: at 2 threads the projections of AdditiveAttention were about a
+// quarter of its forward+backward time at the bench's mid shape, all of it
+// serial. Here each thread calls BLAS on its own slice, one GEMM per thread.
+
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+#include <torch/nn/functional/linear.h>
+
+#include <d2l/backend.h>
+
+#include "linear.h"
+
+namespace d2l::detail {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Multiply-adds below which one thread does the product: a parallel region
+// costs microseconds, a 32×32 projection of 640 rows (the book's decoder)
+// about as much.
+constexpr int64_t kMinMultiplyAdds = int64_t{1} << 20;
+
+// out[r] = a[r] · b for row slices of `a` and `out` (both 2-D, `out`
+// contiguous), one slice per thread; plus `bias` where defined.
+void rows_over_threads(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                       const torch::Tensor& bias = torch::Tensor()) {
+  const int64_t rows = a.size(0);
+  const int64_t threads = at::get_num_threads();
+  at::parallel_for(0, rows, (rows + threads - 1) / threads, [&](int64_t r0, int64_t r1) {
+    // Worker threads start with grad mode on; these tensors need none.
+    torch::NoGradGuard no_grad;
+    auto slice = out.narrow(0, r0, r1 - r0);
+    if (bias.defined()) {
+      at::addmm_out(slice, bias, a.narrow(0, r0, r1 - r0), b);
+    } else {
+      at::mm_out(slice, a.narrow(0, r0, r1 - r0), b);
+    }
+  });
+}
+
+// `b` is a (0) tensor for no bias: LibTorch 1.13's autograd functions take
+// no undefined tensors as inputs.
+struct ParallelLinearFunction : torch::autograd::Function<ParallelLinearFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& W, const torch::Tensor& b) {
+    const bool has_bias = b.numel() > 0;
+    ctx->save_for_backward({x, W});
+    ctx->saved_data["bias"] = has_bias;
+    const int64_t in = W.size(1), out = W.size(0);
+    const auto x2 = x.detach().reshape({-1, in});
+    auto y = torch::empty({x2.size(0), out}, x.options());
+    rows_over_threads(y, x2, W.detach().t(), has_bias ? b.detach() : torch::Tensor());
+    auto sizes = x.sizes().vec();
+    sizes.back() = out;
+    return y.view(sizes);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &W = saved[1];
+    const bool has_bias = ctx->saved_data["bias"].toBool();
+    const int64_t in = W.size(1), out = W.size(0);
+    const auto x2 = x.reshape({-1, in});
+    const auto dy = grads[0].reshape({-1, out}).contiguous();
+    torch::Tensor dx, dW, db;
+    if (torch::GradMode::is_enabled()) {
+      // create_graph=true: differentiable ATen ops, for a double backward.
+      if (ctx->needs_input_grad(0)) dx = dy.mm(W).view(x.sizes());
+      if (ctx->needs_input_grad(1)) dW = dy.t().mm(x2);
+    } else {
+      if (ctx->needs_input_grad(0)) {
+        dx = torch::empty({dy.size(0), in}, dy.options());
+        rows_over_threads(dx, dy, W);
+        dx = dx.view(x.sizes());
+      }
+      if (ctx->needs_input_grad(1)) {
+        // dW = dyᵀ x, by rows of dW: rows of dyᵀ are columns of dy.
+        dW = torch::empty({out, in}, W.options());
+        rows_over_threads(dW, dy.t(), x2.contiguous());
+      }
+    }
+    if (has_bias && ctx->needs_input_grad(2)) db = dy.sum(0);
+    return {dx, dW, db};
+  }
+};
+
+}  // namespace
+
+bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W) {
+  const auto type = x.scalar_type();
+  if (!x.device().is_cpu() || !W.device().is_cpu() || W.scalar_type() != type ||
+      (type != torch::kFloat && type != torch::kDouble) || W.dim() != 2 || x.dim() < 1 ||
+      x.size(-1) != W.size(1)) {
+    return false;
+  }
+  if (at::in_parallel_region() || at::get_num_threads() < 2) return false;
+  const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
+  if (rows < at::get_num_threads() || rows * W.size(0) * W.size(1) < kMinMultiplyAdds) return false;
+  return cpu_threads().openblas == 1;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
+                     Path path) {
+  const bool bias_fits = !b.defined() || (b.dim() == 1 && b.size(0) == W.size(0) &&
+                                          b.device().is_cpu() && b.scalar_type() == W.scalar_type());
+  if (path == Path::kComposite || !bias_fits || !linear_splits_over_threads(x, W)) {
+    return torch::nn::functional::linear(x, W, b);
+  }
+  return ParallelLinearFunction::apply(x, W, b.defined() ? b : torch::empty({0}, W.options()));
+}
+
+}  // namespace d2l::detail

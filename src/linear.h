@@ -1,0 +1,30 @@
+#pragma once
+
+// The Linear projections of the attention modules (AdditiveAttention's W_q
+// and W_k, MultiHeadAttention's W_q, W_k, W_v and W_o): functional::linear,
+// with its matrix products split over ATen's threads where LibTorch's BLAS
+// would run them on one (autograd/linear.cpp).
+
+#include <torch/types.h>
+
+#include <d2l/backend.h>
+
+namespace d2l::detail {
+
+/// Whether linear() splits the products of x (..., in) · Wᵀ (out, in) over
+/// ATen's threads: on the CPU, in float or double, with more than one
+/// intra-op thread, outside a parallel region, when LibTorch's BLAS is
+/// OpenBLAS sized to 1 thread (d2l::set_num_threads, OPENBLAS_NUM_THREADS=1:
+/// README, "Two thread pools"), and when the product is large enough to pay
+/// for a parallel region. MKL (PyPI's wheels) already runs on ATen's threads.
+bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W);
+
+/// y = x Wᵀ (+ b), the same as torch::nn::functional::linear (the same
+/// checks and errors, gradients and double backward), split over threads
+/// where linear_splits_over_threads says so: forward and input gradient by
+/// rows of x, the weight gradient by rows of W. Path::kComposite keeps
+/// functional::linear, the book's op, always.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W,
+                     const torch::Tensor& b = torch::Tensor(), Path path = Path::kAuto);
+
+}  // namespace d2l::detail
