@@ -30,7 +30,7 @@ CI_FUZZ_SECONDS ?= 60
 
 .PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
         fra-eng bahdanau \
-        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa bench-dp device-sources fixtures clean
+        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa bench-spread bench-dp device-sources fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
@@ -239,6 +239,17 @@ bench-sdpa: build-torch2
 	$(call run_bench_attention,$(BUILD2_DIR),$(SDPA_SHAPES),bench-sdpa)
 	python3 benchmarks/sdpa_table.py $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
 	  | tee $(BUILD2_DIR)/bench-sdpa-report.md
+
+# The masked-softmax backward against ATen's softmax, run to run: 20 fresh
+# processes per thread count, the distribution of times and ratios
+# (README, "Run to run").
+SPREAD_RUNS ?= 20
+bench-spread: deps configure
+	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_attention
+	python3 benchmarks/softmax_spread.py $(BUILD_DIR)/benchmarks/bench_attention \
+	  --runs $(SPREAD_RUNS) --threads $(BENCH_THREADS) --out $(BUILD_DIR)/bench-spread-report.md
+	cat $(BUILD_DIR)/bench-spread-report.md
 
 # GoogleTest's sources for a lent GPU machine, which has no Debian packages:
 # the device call carries .device/ and runs .ci/gpu-run (README, "LibTorch
