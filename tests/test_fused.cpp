@@ -58,6 +58,35 @@ TEST_P(Fused, MaskedSoftmaxMatchesCompositeForwardAndBackward) {
   }
 }
 
+// Large enough for the kernel to split rows over threads by cost (tasks of
+// one batch entry with (B) lengths, 16 rows otherwise, ragged last task):
+// the composite's numbers, and the same bits at 1 and 2 threads.
+TEST_P(Fused, MaskedSoftmaxSplitOverThreadsByCost) {
+  torch::manual_seed(12);
+  const int64_t B = 37, n = 45, m = 100;
+  const auto X = torch::randn({B, n, m}) * 3;
+  const auto G = torch::randn({B, n, m});
+  const std::vector<torch::Tensor> all_lens{torch::randint(0, m + 3, {B}),
+                                            torch::randint(0, m + 3, {B, n}), torch::Tensor()};
+  const int saved = at::get_num_threads();
+  for (const auto& lens : all_lens) {
+    auto run = [&](Path path) {
+      return value_and_grads([&](const auto& in) { return d2l::masked_softmax(in[0], lens, path); },
+                             {X}, G);
+    };
+    const std::string what = lens.defined() ? "lengths " + d2l::detail::shape_of(lens) : "none";
+    at::set_num_threads(1);
+    const auto one = run(Path::kFused);
+    at::set_num_threads(2);
+    const auto two = run(Path::kFused);
+    at::set_num_threads(saved);
+    expect_close(two, run(Path::kComposite), kFastPathDtypes[1], what);  // float
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_TRUE(torch::equal(one[i], two[i])) << what << " output " << i;
+    }
+  }
+}
+
 TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
   const auto X = torch::randn({9, 4, 2}, torch::kDouble).permute({2, 1, 0});  // (2, 4, 9)
   const auto lens = torch::tensor({0, 11});

@@ -5,6 +5,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <vector>
+
 #include "cpu/masked_softmax_kernel.h"
 #include "cpu/vec_helpers-inl.h"
 
@@ -19,6 +21,37 @@ int64_t rows_of(const at::TensorBase& x) {
 
 int64_t queries_of(const at::TensorBase& x) { return x.dim() == 3 ? x.size(1) : 1; }
 
+// Rows are split over threads by cost, not by count: with random lengths an
+// even split of the rows left one thread with most of the valid entries and
+// the other waiting at the barrier (16% of a 2-thread forward's time in
+// libgomp at the bench's mid shape). A row costs its valid entries times
+// the passes over them (forward: max, exp and sum, normalisation; backward:
+// dot product, gradient), plus one store per entry for the zeros past them.
+// Tasks are groups of rows that share a length (a batch entry's, with (B)
+// lengths) or else kRowsPerTask rows: a cost per row would cost more to
+// add up than the imbalance it saves at (32, 128, 128).
+constexpr int64_t kForwardPasses = 4, kBackwardPasses = 2, kRowsPerTask = 16;
+
+template <typename F>
+void parallel_rows(const RowLengths& L, int64_t rows, int64_t m, int64_t passes, const F& body) {
+  const int64_t per_task = L.data != nullptr && L.rows_per_len > 1 ? L.rows_per_len : kRowsPerTask;
+  const int64_t tasks = (rows + per_task - 1) / per_task;
+  std::vector<int64_t> costs(tasks);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t r0 = t * per_task, r1 = std::min(rows, r0 + per_task);
+    int64_t cost = 0;
+    if (per_task == L.rows_per_len) {
+      cost = (r1 - r0) * (passes * L.at(r0, m) + m);
+    } else {
+      for (int64_t r = r0; r < r1; ++r) cost += passes * L.at(r, m) + m;
+    }
+    costs[t] = cost;
+  }
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    body(t0 * per_task, std::min(rows, t1 * per_task));
+  });
+}
+
 void forward(const at::TensorBase& x, const at::TensorBase& y, const at::TensorBase& lens,
              double scale) {
   const int64_t m = x.size(-1), rows = rows_of(x);
@@ -27,7 +60,7 @@ void forward(const at::TensorBase& x, const at::TensorBase& y, const at::TensorB
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     const auto s = static_cast<scalar_t>(scale);
-    at::parallel_for(0, rows, grain_for(m), [&](int64_t begin, int64_t end) {
+    parallel_rows(L, rows, m, kForwardPasses, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) softmax_row(xp + r * m, yp + r * m, L.at(r, m), m, s);
     });
   });
@@ -42,7 +75,7 @@ void backward(const at::TensorBase& y, const at::TensorBase& dy, const at::Tenso
     const scalar_t* dyp = dy.data_ptr<scalar_t>();
     scalar_t* dxp = dx.data_ptr<scalar_t>();
     const auto s = static_cast<scalar_t>(scale);
-    at::parallel_for(0, rows, grain_for(2 * m), [&](int64_t begin, int64_t end) {
+    parallel_rows(L, rows, m, kBackwardPasses, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         softmax_backward_row(yp + r * m, dyp + r * m, dxp + r * m, L.at(r, m), m, s);
       }
