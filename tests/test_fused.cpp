@@ -87,6 +87,39 @@ TEST_P(Fused, MaskedSoftmaxSplitOverThreadsByCost) {
   }
 }
 
+// The float kernels' own exponential (AVX2 and AVX-512; SLEEF elsewhere)
+// over the whole range a softmax feeds it, [-87.3, 0], and beyond: one row
+// of 4099 scores (whole vectors and a tail) against the softmax in double.
+// Where the result is a normal float, within 3e-7 relative (ours reach
+// 2.4e-7, SLEEF 1e-7, and ours with its degree-6 coefficient off by a fifth
+// 7.8e-7); below, zero or a subnormal. -inf and -1e30 give exact zeros, -100
+// zero or a subnormal, and a NaN score makes its row NaN as in ATen.
+TEST_P(Fused, MaskedSoftmaxExponentialIsAccurateOverTheWholeFloatRange) {
+  const int64_t m = 4099;
+  const auto x64 = torch::linspace(-90.0, 0.0, m, torch::kDouble).view({1, 1, m});
+  const auto y = d2l::masked_softmax(x64.to(torch::kFloat), torch::tensor({m}), Path::kFused);
+  const auto ref = torch::softmax(x64.to(torch::kFloat).to(torch::kDouble), -1);
+  const auto err = (y.to(torch::kDouble) - ref).abs();
+  const auto normal = ref > std::numeric_limits<float>::min();
+  EXPECT_LT((err / ref).masked_select(normal).max().item<double>(), 3e-7);
+  EXPECT_LT(err.masked_select(~normal).max().item<double>(), 2 * std::numeric_limits<float>::min());
+
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto hostile = torch::tensor({0.0f, -inf, -1e30f, -100.0f, -87.0f, -1.0f}).view({1, 1, 6});
+  const auto h = d2l::masked_softmax(hostile, torch::tensor({6}), Path::kFused).view({6});
+  const auto h_ref = torch::softmax(hostile.to(torch::kDouble), -1).view({6});
+  for (int64_t j : {1, 2}) EXPECT_EQ(h[j].item<float>(), 0.0f) << "entry " << j;
+  EXPECT_LT(h[3].item<float>(), std::numeric_limits<float>::min());
+  for (int64_t j : {0, 4, 5}) {
+    EXPECT_NEAR(h[j].item<double>() / h_ref[j].item<double>(), 1.0, 1e-6) << "entry " << j;
+  }
+  auto with_nan = hostile.clone();
+  with_nan[0][0][3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(d2l::masked_softmax(with_nan, torch::tensor({6}), Path::kFused).isnan().all().item<bool>());
+  // Past the length, a NaN is masked away.
+  EXPECT_FALSE(d2l::masked_softmax(with_nan, torch::tensor({3}), Path::kFused).isnan().any().item<bool>());
+}
+
 TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
   const auto X = torch::randn({9, 4, 2}, torch::kDouble).permute({2, 1, 0});  // (2, 4, 9)
   const auto lens = torch::tensor({0, 11});

@@ -74,45 +74,6 @@ struct Padded {
   }
 };
 
-// e^x for the softmax's exponents. Float on AVX2: Cody–Waite reduction to
-// r = x - n·ln 2 with |r| <= ln 2 / 2, Taylor to degree 6 (truncation below
-// 2e-7 relative), scaled by 2^n through the exponent bits: no call and
-// fewer instructions than SLEEF's 1-ulp exp, which took 11% of the forward
-// pass in a profile. NaN stays
-// NaN; below -87.3 (where e^x leaves the normal floats) it is 0, as -inf is;
-// above 88 it stays at e^88 (never met: the exponents here are at most 0).
-// Other types and instruction sets: Vectorized<T>::exp (SLEEF).
-template <typename T>
-inline Vectorized<T> softmax_exp(const Vectorized<T>& x) {
-  return x.exp();
-}
-
-#if defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
-template <>
-inline Vectorized<float> softmax_exp(const Vectorized<float>& x) {
-  const __m256 v = x;
-  const __m256 lowest = _mm256_set1_ps(-87.3f);
-  // max/min return their second operand when either is NaN: NaN goes through.
-  const __m256 c = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lowest, v));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), c);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-  // Zero below the range: the compare is false for NaN, which stays.
-  return _mm256_andnot_ps(_mm256_cmp_ps(v, lowest, _CMP_LT_OQ), e);
-}
-#endif
-
 // s[0:valid] = exp(scale·s - shift) and s[valid:kc] = 0; returns the sum.
 // Rows hold whole vectors up to kKeyBlock, so every load is a whole one.
 template <typename T>

@@ -141,6 +141,65 @@ T row_max(const T* x, int64_t L, int64_t m) {
   return horizontal_max(vmax);
 }
 
+// e^x for the softmax's exponents (the masked softmax and the flash
+// kernel). Float on AVX2 and AVX-512: Cody–Waite reduction to
+// r = x - n·ln 2 with |r| <= ln 2 / 2, Taylor to degree 6 (truncation below
+// 2e-7 relative), scaled by 2^n: no call and fewer instructions than SLEEF's
+// 1-ulp exp, which took 11% of the flash forward pass on AVX2 and 28% of the
+// masked softmax forward on AVX-512 in profiles. NaN stays NaN; below -87.3
+// (where e^x leaves the normal floats) it is 0, as -inf is; above 88 it stays
+// at e^88 (never met: the exponents here are at most 0). Other types and
+// instruction sets: Vectorized<T>::exp (SLEEF).
+template <typename T>
+inline Vectorized<T> softmax_exp(const Vectorized<T>& x) {
+  return x.exp();
+}
+
+// The reduction's constants: ln 2 split in a high part exact in float and
+// the rest, and the Taylor coefficients 1/k! from k = 6 down to k = 0.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2High = 0.693145751953125f, kLn2Low = 1.428606765330187e-06f;
+constexpr float kExpLowest = -87.3f, kExpHighest = 88.0f;
+constexpr float kExpTaylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+
+#if defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
+template <>
+inline Vectorized<float> softmax_exp(const Vectorized<float>& x) {
+  const __m256 v = x;
+  const __m256 lowest = _mm256_set1_ps(kExpLowest);
+  // max/min return their second operand when either is NaN: NaN goes through.
+  const __m256 c = _mm256_min_ps(_mm256_set1_ps(kExpHighest), _mm256_max_ps(lowest, v));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), c);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+  for (int k = 1; k < 7; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpTaylor[k]));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  // Zero below the range: the compare is false for NaN, which stays.
+  return _mm256_andnot_ps(_mm256_cmp_ps(v, lowest, _CMP_LT_OQ), e);
+}
+#elif defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
+// The same on 16 lanes; 2^n through scalef (n is a whole number here).
+template <>
+inline Vectorized<float> softmax_exp(const Vectorized<float>& x) {
+  const __m512 v = x;
+  const __m512 lowest = _mm512_set1_ps(kExpLowest);
+  const __m512 c = _mm512_min_ps(_mm512_set1_ps(kExpHighest), _mm512_max_ps(lowest, v));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), c);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+  for (int k = 1; k < 7; ++k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpTaylor[k]));
+  const __m512 e = _mm512_scalef_ps(p, n);
+  const __mmask16 below = _mm512_cmp_ps_mask(v, lowest, _CMP_LT_OQ);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~below), e);
+}
+#endif
+
 // One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
 // entries never reach a sum or an output lane, so whatever they hold (inf,
 // NaN) cannot leak.
@@ -154,13 +213,13 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
   V vsum(0);
   int64_t j = 0;
   for (; j + V::size() <= L; j += V::size()) {
-    const V e = ((V::loadu(x + j) - vmax) * vscale).exp();
+    const V e = softmax_exp((V::loadu(x + j) - vmax) * vscale);
     e.store(y + j);
     vsum = vsum + e;
   }
   const int64_t r = L - j;
   if (r > 0) {
-    const V e = V::set(V(0), ((load_tail(x + j, r, m - j) - vmax) * vscale).exp(), r);
+    const V e = V::set(V(0), softmax_exp((load_tail(x + j, r, m - j) - vmax) * vscale), r);
     store_tail(e, y + j, r, m - j);
     vsum = vsum + e;
   }
