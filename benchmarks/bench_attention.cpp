@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "heap_peak.h"
 #include "cpu/additive_attention_kernel.h"
 
 namespace {
@@ -282,8 +283,13 @@ void register_case(const std::string& name, const Shape& shape, int threads,
                                  const Inputs inputs = make_inputs(shape);
                                  Body body = factory(shape, inputs);
                                  body();  // warm-up: allocator, OpenMP pool, lazy initialisation
-                                 if (memory)
+                                 if (memory) {
                                    state.counters["peak_rss_delta_bytes"] = peak_rss_delta(body);
+                                   if (d2l::bench::heap_counting()) {
+                                     state.counters["peak_heap_delta_bytes"] =
+                                         static_cast<double>(d2l::bench::peak_heap_delta(body));
+                                   }
+                                 }
                                  for (auto _ : state) body();
                                  state.counters["threads"] = threads;
                                })

@@ -7,7 +7,11 @@ Reads Google Benchmark JSON from bench_attention's `sdpa*` shapes (names
 `<case>/<shape>/threads:<N>`, cases dot_fused_noweights_* (the flash kernel), dot_fused_weights_*
 (bmm + fused masked softmax + bmm) and sdpa_*), takes the
 median aggregate (or the median of the iteration rows), and prints per shape and thread count the
-medians and the ratios against SDPA measured in the same process. Standard library only.
+medians and the ratios against SDPA measured in the same process, and each one's peak memory over one
+call: the heap's high-water mark above its level at the call's start (`peak_heap_delta_bytes`,
+counted exactly by benchmarks/heap_peak.cpp), or where that is missing the resident set's
+(`peak_rss_delta_bytes`, which misses memory the allocator reuses). The largest over repetitions.
+Standard library only.
 """
 
 import json
@@ -21,7 +25,7 @@ CASES = ["dot_fused_noweights", "sdpa", "dot_fused_weights"]
 
 def read(paths):
     rows = defaultdict(list)   # (case, shape, threads) -> seconds
-    peaks = {}
+    peaks = {"peak_heap_delta_bytes": {}, "peak_rss_delta_bytes": {}}
     medians = {}
     for path in paths:
         with open(path) as f:
@@ -37,11 +41,13 @@ def read(paths):
                 medians[key] = seconds
             elif row.get("run_type", "iteration") == "iteration":
                 rows[key].append(seconds)
-            if "peak_rss_delta_bytes" in row:
-                peaks[key] = max(peaks.get(key, 0), row["peak_rss_delta_bytes"])
+            for field, seen in peaks.items():
+                if field in row:
+                    seen[key] = max(seen.get(key, 0), row[field])
     for key, values in rows.items():
         medians.setdefault(key, statistics.median(values))
-    return medians, peaks
+    field = "peak_heap_delta_bytes" if peaks["peak_heap_delta_bytes"] else "peak_rss_delta_bytes"
+    return medians, peaks[field], "heap" if field == "peak_heap_delta_bytes" else "RSS"
 
 
 def fmt_time(s):
@@ -53,12 +59,12 @@ def fmt_bytes(b):
 
 
 def main(paths):
-    medians, peaks = read(paths)
+    medians, peaks, kind = read(paths)
     shapes = sorted({k[1] for k in medians},
                     key=lambda s: (s.endswith("full"), int(s[4:].removesuffix("full"))))
     threads = sorted({k[2] for k in medians})
     print("| threads | shape | pass | flash | SDPA | flash / SDPA | bmm + softmax | "
-          "speed-up over it | peak Δ flash | peak Δ SDPA |")
+          f"speed-up over it | peak {kind} Δ flash | peak {kind} Δ SDPA |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for t in threads:
         for shape in shapes:

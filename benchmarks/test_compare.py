@@ -1,10 +1,13 @@
-"""Self-test of benchmarks/compare.py on synthetic inputs, so that its ratios can be trusted.
+"""Self-test of benchmarks/compare.py and benchmarks/sdpa_table.py on synthetic inputs, so that their
+ratios can be trusted (a ctest test where CMake finds a python3).
 
 Run from the repository root with any python3 (standard library only):
 
     python3 -m unittest benchmarks/test_compare.py -v
 """
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -13,6 +16,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+import sdpa_table  # noqa: E402
 
 
 def gbench_rows(name, times, unit="ms", peak=None, aggregates=True):
@@ -214,6 +218,38 @@ class RenderTest(unittest.TestCase):
                 text = f.read()
         self.assertIn("| softmax_fwd | big | 3.00 ms | — | 3.40 ms | 1.13× | — | 8.00 MiB | — |", text)
         self.assertIn("Goals:", text)
+
+
+class SdpaTableTest(unittest.TestCase):
+    def render(self, heap):
+        def rows(case, ms, rss, heap_bytes):
+            out = gbench_rows(f"{case}/sdpa512/threads:2", [ms, ms + 1, ms + 2], peak=rss)
+            if heap:
+                for r in out:
+                    r["peak_heap_delta_bytes"] = heap_bytes
+            return out
+        doc = gbench_doc(rows("dot_fused_noweights_fwd", 2.0, 0, 3 * MiB),
+                         rows("sdpa_fwd", 4.0, MiB, 2 * MiB),
+                         rows("dot_fused_weights_fwd", 8.0, 0, 9 * MiB))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "sdpa.json")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                sdpa_table.main([path])
+        return text.getvalue()
+
+    def test_medians_ratios_and_exact_heap_peaks(self):
+        text = self.render(heap=True)
+        self.assertIn("peak heap Δ flash | peak heap Δ SDPA |", text)
+        self.assertIn("| 2 | sdpa512 | fwd | 3.00 ms | 5.00 ms | 0.60× | 9.00 ms | 3.00× | 3.0 MiB | 2.0 MiB |",
+                      text)
+
+    def test_resident_set_where_no_heap_counters(self):
+        text = self.render(heap=False)
+        self.assertIn("peak RSS Δ flash | peak RSS Δ SDPA |", text)
+        self.assertIn("| 0.0 MiB | 1.0 MiB |", text)
 
 
 if __name__ == "__main__":
