@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -33,17 +34,24 @@
 //
 // The backward pass recomputes P = exp(scale·S - lse) block by block and is
 // parallel over (batch entry, key block): each task owns its rows of dK and
-// dV, and adds its share of dQ into a per-thread buffer that is added to dQ
-// under a lock when the task moves to another batch entry. D = rowsum(dO ∘ O)
+// dV, and adds each query block's share of dQ to dQ under that block's lock
+// (one of 64, by block index). D = rowsum(dO ∘ O)
 // replaces the row sums of dP ∘ P.
 //
 // Work is split into one run of tasks per thread, of about equal cost (rows
 // times visited keys): with random lengths, equal numbers of tasks would
-// leave one thread with most of the keys. Operands are packed once per call
-// so that every vector load in the products is a whole, contiguous one: Kᵀ
-// (and Vᵀ) in panels of one register tile of keys, and Q, K, V, dO with
-// their feature dimension padded to whole tiles (O(B·(n + m)·d) memory, never
-// (B, n, m)).
+// leave one thread with most of the keys. Operands are packed so that every
+// vector load in the products is a whole, contiguous one: Kᵀ (and Vᵀ) in
+// panels of one register tile of keys, and Q, K, V, dO with their feature
+// dimension padded to whole tiles (copies only where it is not already). The
+// panels are packed where they are used, not for the whole call: in the
+// forward each thread packs the batch entries its query blocks reach, up to
+// the entry's longest valid length; in the backward each task packs its own
+// key block. Beyond its outputs a call holds one packed batch entry per
+// thread (forward), one key block's operands per thread (backward), and lse
+// and delta: never (B, n, m), nor a packed copy of all of K and V, nor a
+// per-thread copy of dQ (these put the kernel's peak memory at up to three
+// times SDPA's).
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -54,9 +62,10 @@ namespace {
 template <typename T>
 struct ForwardArgs {
   Dims s;
-  const T *q, *kp, *vp;  // q, Kᵀ in panels, v padded
+  const T *q, *k, *vp;  // v padded
   int64_t ldv;
   RowLengths lens;
+  const int64_t* batch_longest;  // per batch entry, the longest valid length
   T scale;
   T *out, *lse;
   T* weights;  // (B, n, m), or null when no weights are asked
@@ -64,17 +73,26 @@ struct ForwardArgs {
 
 template <typename T>
 struct ForwardScratch {
+  // The row stride of the score blocks: a key block, or fewer keys where no
+  // row has more (declared first: the sizes below use it).
+  int64_t kb;
   std::vector<T> scores, acc, row_max, row_sum;
   std::vector<T> block_max;  // with weights: the maximum each key block was exponentiated at
   std::vector<int64_t> len;
+  // Kᵀ in panels of one batch entry's keys below its longest length: each
+  // thread packs the entries its run of query blocks reaches, once each.
+  std::unique_ptr<T[]> kp;
+  int64_t packed = -1;  // the batch entry kp holds
 
-  ForwardScratch(int64_t ldv, int64_t key_blocks)
-      : scores(kQueryBlock * kKeyBlock),
+  ForwardScratch(int64_t ldv, int64_t key_blocks, int64_t packed_keys, int64_t d)
+      : kb(key_capacity<T>(packed_keys)),
+        scores(kQueryBlock * kb),
         acc(kQueryBlock * ldv),
         row_max(kQueryBlock),
         row_sum(kQueryBlock),
         block_max(kQueryBlock * key_blocks),
-        len(kQueryBlock) {}
+        len(kQueryBlock),
+        kp(uninitialized_buffer<T>(packed_keys * d)) {}
 };
 
 // With weights, a key block's exponentials go out as they are made, relative
@@ -112,22 +130,26 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
   std::fill(w.acc.begin(), w.acc.begin() + rows * a.ldv, T(0));
   std::fill(w.row_max.begin(), w.row_max.end(), -std::numeric_limits<T>::infinity());
   std::fill(w.row_sum.begin(), w.row_sum.end(), T(0));
+  if (w.packed != b) {
+    pack_transposed(a.k + b * s.m * s.d, a.batch_longest[b], s.d, w.kp.get());
+    w.packed = b;
+  }
   const T* q = a.q + (b * s.n + i0) * s.d;
-  const T* kp = a.kp + b * round_up_to_tile<T>(s.m) * s.d;
+  const T* kp = w.kp.get();
   const T* vp = a.vp + b * s.m * a.ldv;
   for (int64_t j0 = 0; j0 < longest; j0 += kKeyBlock) {
     const int64_t kc = std::min(kKeyBlock, longest - j0);
-    gemm<T>(rows, div_up(kc, W), s.d, q, s.d, kp + j0 * s.d, W, s.d * W, w.scores.data(), kKeyBlock,
+    gemm<T>(rows, div_up(kc, W), s.d, q, s.d, kp + j0 * s.d, W, s.d * W, w.scores.data(), w.kb,
             /*accumulate=*/false);
     for (int64_t r = 0; r < rows; ++r) {
-      T* row = w.scores.data() + r * kKeyBlock;
+      T* row = w.scores.data() + r * w.kb;
       const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
       if (valid == 0) {
         std::fill(row, row + kc, T(0));
         continue;
       }
       const T old_max = w.row_max[r];
-      const T new_max = std::max(old_max, row_max(row, valid, kKeyBlock) * a.scale);
+      const T new_max = std::max(old_max, row_max(row, valid, w.kb) * a.scale);
       const T correction = old_max == new_max ? T(1) : std::exp(old_max - new_max);
       w.row_sum[r] = w.row_sum[r] * correction + exp_row(row, valid, kc, a.scale, new_max);
       w.row_max[r] = new_max;
@@ -140,7 +162,7 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
         for (int64_t c = 0; c < a.ldv; ++c) acc[c] *= correction;
       }
     }
-    gemm<T>(rows, a.ldv / W, kc, w.scores.data(), kKeyBlock, vp + j0 * a.ldv, a.ldv, W,
+    gemm<T>(rows, a.ldv / W, kc, w.scores.data(), w.kb, vp + j0 * a.ldv, a.ldv, W,
             w.acc.data(), a.ldv, /*accumulate=*/true);
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -160,19 +182,23 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& lse, const at::TensorBase& weights) {
   const Dims s = dims_of(q, v);
-  const int64_t m_pad = round_up_to_tile<T>(s.m);
-  const T* kd = k.data_ptr<T>();
-  const auto kp = uninitialized_buffer<T>(s.B * m_pad * s.d);
-  at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.get() + b * m_pad * s.d);
-    }
-  });
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  std::vector<int64_t> batch_longest(s.B);
+  for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
+  const int64_t packed_keys = round_up_to_tile<T>(
+      batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end()));
   const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
-  const ForwardArgs<T> args{
-      s,        q.data_ptr<T>(),   kp.get(),         vp.data, vp.ld, row_lengths(lens, s.n),
-      T(scale), out.data_ptr<T>(), lse.data_ptr<T>(),
-      weights.defined() ? weights.data_ptr<T>() : nullptr};
+  const ForwardArgs<T> args{s,
+                            q.data_ptr<T>(),
+                            k.data_ptr<T>(),
+                            vp.data,
+                            vp.ld,
+                            row_lens,
+                            batch_longest.data(),
+                            T(scale),
+                            out.data_ptr<T>(),
+                            lse.data_ptr<T>(),
+                            weights.defined() ? weights.data_ptr<T>() : nullptr};
   const int64_t blocks = div_up(s.n, kQueryBlock);
   std::vector<int64_t> costs(s.B * blocks);
   for (int64_t t = 0; t < s.B * blocks; ++t) {
@@ -181,7 +207,8 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     costs[t] = rows * (longest_length(args.lens, s, b, i0, rows) + 16);
   }
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    ForwardScratch<T> scratch(vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0);
+    ForwardScratch<T> scratch(vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0,
+                              packed_keys, s.d);
     for (int64_t t = t0; t < t1; ++t)
       forward_block(args, scratch, t / blocks, t % blocks * kQueryBlock);
   });
@@ -200,43 +227,39 @@ void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorB
 template <typename T>
 struct BackwardArgs {
   Dims s;
-  const T *q, *kp, *vtp, *dout, *lse, *delta;  // Kᵀ and Vᵀ in panels, delta = rowsum(dO ∘ O)
+  const T *q, *k, *v, *dout, *lse, *delta;  // delta = rowsum(dO ∘ O)
   const T *qpad, *kpad, *dopad;                // rows padded to ldq / ldq / ldv
   int64_t ldq, ldv;
   RowLengths lens;
   T scale;
   T *dq, *dk, *dv;
-  std::mutex* dq_lock;
+  std::mutex* dq_locks;  // kDqLocks of them; a query block's rows of dQ take one
 };
+
+constexpr int64_t kDqLocks = 64;
 
 template <typename T>
 struct BackwardScratch {
+  int64_t kb;  // the row stride of p and dp: a key block, or fewer keys if no row has more
   std::vector<T> p, dp, pt, dst, dk, dv, dq;
   std::vector<int64_t> len;
-  int64_t batch = -1;  // the batch entry whose dQ share `dq` holds
+  // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
+  // one task, so nothing is packed twice).
+  std::unique_ptr<T[]> kp, vtp;
 
-  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv)
-      : p(kQueryBlock * kKeyBlock),
-        dp(kQueryBlock * kKeyBlock),
-        pt(kKeyBlock * kQueryBlock),
-        dst(kKeyBlock * kQueryBlock),
-        dk(kKeyBlock * ldq),
-        dv(kKeyBlock * ldv),
-        dq(s.n * ldq),
-        len(kQueryBlock) {}
+  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv, int64_t longest)
+      : kb(key_capacity<T>(longest)),
+        p(kQueryBlock * kb),
+        dp(kQueryBlock * kb),
+        pt(kb * kQueryBlock),
+        dst(kb * kQueryBlock),
+        dk(kb * ldq),
+        dv(kb * ldv),
+        dq(kQueryBlock * ldq),
+        len(kQueryBlock),
+        kp(uninitialized_buffer<T>(kb * s.d)),
+        vtp(uninitialized_buffer<T>(kb * s.dv)) {}
 };
-
-// Adds the dQ share held in w.dq to the batch entry it belongs to.
-template <typename T>
-void flush_dq(const BackwardArgs<T>& a, BackwardScratch<T>& w) {
-  if (w.batch < 0) return;
-  const Dims& s = a.s;
-  std::lock_guard<std::mutex> guard(*a.dq_lock);
-  T* dq = a.dq + w.batch * s.n * s.d;
-  for (int64_t i = 0; i < s.n; ++i) {
-    for (int64_t c = 0; c < s.d; ++c) dq[i * s.d + c] += w.dq[i * a.ldq + c];
-  }
-}
 
 // One query block's contribution to key block [j0, j0 + kc) of batch entry b.
 template <typename T>
@@ -245,16 +268,16 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
   constexpr int64_t W = kTileCols<T>;
   using V = Vectorized<T>;
   const Dims& s = a.s;
-  const int64_t m_pad = round_up_to_tile<T>(s.m), tiles = div_up(kc, W);
+  const int64_t tiles = div_up(kc, W);
   const int64_t row0 = b * s.n + i0;
-  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, a.kp + (b * m_pad + j0) * s.d, W, s.d * W,
-          w.p.data(), kKeyBlock, false);
-  gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, a.vtp + (b * m_pad + j0) * s.dv, W,
-          s.dv * W, w.dp.data(), kKeyBlock, false);
+  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb,
+          false);
+  gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, w.vtp.get(), W, s.dv * W, w.dp.data(),
+          w.kb, false);
   const V vscale(a.scale);
   for (int64_t r = 0; r < rows; ++r) {
-    T* p = w.p.data() + r * kKeyBlock;
-    T* ds = w.dp.data() + r * kKeyBlock;
+    T* p = w.p.data() + r * w.kb;
+    T* ds = w.dp.data() + r * w.kb;
     const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
     exp_row(p, valid, kc, a.scale, a.lse[row0 + r]);
     // dS = scale · P ∘ (dP - delta) on the valid keys and exactly 0 past
@@ -271,26 +294,32 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
     }
     if (j < kc) std::fill(ds + j, ds + kc, T(0));
   }
-  transpose(rows, kc, w.p.data(), kKeyBlock, w.pt.data(), kQueryBlock);
-  transpose(rows, kc, w.dp.data(), kKeyBlock, w.dst.data(), kQueryBlock);
+  transpose(rows, kc, w.p.data(), w.kb, w.pt.data(), kQueryBlock);
+  transpose(rows, kc, w.dp.data(), w.kb, w.dst.data(), kQueryBlock);
   gemm<T>(kc, a.ldv / W, rows, w.pt.data(), kQueryBlock, a.dopad + row0 * a.ldv, a.ldv, W,
           w.dv.data(), a.ldv, true);
   gemm<T>(kc, a.ldq / W, rows, w.dst.data(), kQueryBlock, a.qpad + row0 * a.ldq, a.ldq, W,
           w.dk.data(), a.ldq, true);
-  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), kKeyBlock, a.kpad + (b * s.m + j0) * a.ldq, a.ldq, W,
-          w.dq.data() + i0 * a.ldq, a.ldq, true);
+  // This pair's share of dQ, added to the query block's rows under their
+  // lock: no per-thread copy of dQ.
+  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, a.kpad + (b * s.m + j0) * a.ldq, a.ldq, W,
+          w.dq.data(), a.ldq, false);
+  const int64_t query_block = b * div_up(s.n, kQueryBlock) + i0 / kQueryBlock;
+  std::lock_guard<std::mutex> guard(a.dq_locks[query_block % kDqLocks]);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dq = a.dq + (row0 + r) * s.d;
+    const T* share = w.dq.data() + r * a.ldq;
+    for (int64_t c = 0; c < s.d; ++c) dq[c] += share[c];
+  }
 }
 
-// dK and dV of key block [j0, j0 + kc) of batch entry b, and its dQ share.
+// dK and dV of key block [j0, j0 + kc) of batch entry b, and its share of dQ.
 template <typename T>
 void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
                     int64_t kc) {
   const Dims& s = a.s;
-  if (w.batch != b) {
-    flush_dq(a, w);
-    std::fill(w.dq.begin(), w.dq.end(), T(0));
-    w.batch = b;
-  }
+  pack_transposed(a.k + (b * s.m + j0) * s.d, kc, s.d, w.kp.get());
+  pack_transposed(a.v + (b * s.m + j0) * s.dv, kc, s.dv, w.vtp.get());
   std::fill(w.dk.begin(), w.dk.begin() + kc * a.ldq, T(0));
   std::fill(w.dv.begin(), w.dv.begin() + kc * a.ldv, T(0));
   for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
@@ -314,24 +343,19 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
                     const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
                     const at::TensorBase& dk, const at::TensorBase& dv) {
   const Dims s = dims_of(q, v);
-  const int64_t m_pad = round_up_to_tile<T>(s.m);
   const T *qd = q.data_ptr<T>(), *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
   const T *od = out.data_ptr<T>(), *dod = dout.data_ptr<T>();
-  const auto kp = uninitialized_buffer<T>(s.B * m_pad * s.d);
-  const auto vtp = uninitialized_buffer<T>(s.B * m_pad * s.dv);
   const auto delta = uninitialized_buffer<T>(s.B * s.n);
   const RowLengths row_lens = row_lengths(lens, s.n);
   // Keys at or past a batch entry's longest length get no gradient.
   std::vector<int64_t> batch_longest(s.B);
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   T *dqd = dq.data_ptr<T>(), *dkd = dk.data_ptr<T>(), *dvd = dv.data_ptr<T>();
-  // Packing, delta, and the zeros of the gradients, in parallel: dq (which
-  // the tasks add their shares to) and the rows of dk and dv past each batch
-  // entry's longest length (the tasks write the rows below it).
+  // Delta and the zeros of the gradients, in parallel: dq (which the tasks
+  // add their shares to) and the rows of dk and dv past each batch entry's
+  // longest length (the tasks write the rows below it).
   at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      pack_transposed(kd + b * s.m * s.d, s.m, s.d, kp.get() + b * m_pad * s.d);
-      pack_transposed(vd + b * s.m * s.dv, s.m, s.dv, vtp.get() + b * m_pad * s.dv);
       for (int64_t i = b * s.n; i < (b + 1) * s.n; ++i) {
         T sum = 0;
         for (int64_t c = 0; c < s.dv; ++c) sum += dod[i * s.dv + c] * od[i * s.dv + c];
@@ -344,11 +368,11 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     }
   });
   const Padded<T> qpad(qd, s.B * s.n, s.d), kpad(kd, s.B * s.m, s.d), dopad(dod, s.B * s.n, s.dv);
-  std::mutex dq_lock;
+  std::array<std::mutex, kDqLocks> dq_locks;
   const BackwardArgs<T> args{s,
                              qd,
-                             kp.get(),
-                             vtp.get(),
+                             kd,
+                             vd,
                              dod,
                              lse.data_ptr<T>(),
                              delta.get(),
@@ -362,7 +386,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
                              dqd,
                              dkd,
                              dvd,
-                             &dq_lock};
+                             dq_locks.data()};
   // Tasks: the key blocks of each batch entry below its longest length, at a
   // cost of the rows and keys their query blocks visit.
   std::vector<int64_t> task_b, task_j0, costs;
@@ -382,13 +406,14 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       costs.push_back(cost);
     }
   }
+  const int64_t longest =
+      batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld);
+    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld, longest);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = task_b[t], j0 = task_j0[t];
       backward_block(args, scratch, b, j0, std::min(kKeyBlock, batch_longest[b] - j0));
     }
-    flush_dq(args, scratch);
   });
 }
 

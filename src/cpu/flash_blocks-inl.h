@@ -26,6 +26,14 @@ constexpr int64_t kKeyBlock = 256;
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Columns of a block of scores: a key block, or the longest valid length
+// rounded up to whole tiles where that is shorter (short sequences need no
+// 256-key rows).
+template <typename T>
+int64_t key_capacity(int64_t longest) {
+  return std::clamp<int64_t>(round_up_to_tile<T>(longest), kTileCols<T>, kKeyBlock);
+}
+
 // n elements left uninitialized, for buffers that a parallel pass writes in
 // full: std::vector would first zero them on the calling thread, a serial
 // stretch (about 1 MB per buffer at the bench's mid shape) that kept the
