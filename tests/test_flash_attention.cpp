@@ -155,6 +155,40 @@ TEST_P(Flash, WideScoresMatchComposite) {
   }
 }
 
+// The forward walks the keys with groups of up to 8 query blocks of 48 rows
+// at once (Note [Flash attention]): 10 blocks make a group of 8 and one of 2
+// on one thread, and other cuts where two threads split the work; the blocks
+// of a group reach different lengths. With and without weights.
+TEST_P(Flash, GroupsOfQueryBlocksMatchComposite) {
+  torch::manual_seed(29);
+  const int64_t B = 2, n = 8 * 48 + 50, m = 300, d = 8, dv = 5;
+  const auto q = torch::randn({B, n, d}, torch::kDouble) * 2;
+  const auto k = torch::randn({B, m, d}, torch::kDouble);
+  const auto v = torch::randn({B, m, dv}, torch::kDouble);
+  // Lengths that grow down the rows, so that the group's blocks differ.
+  const auto growing = torch::div(torch::arange(n) * (m + 20), n, "floor").repeat({B, 1}) -
+                       torch::tensor({0, 7}).view({B, 1});
+  const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::tensor({300, 131}),
+                                               torch::randint(0, m + 3, {B, n}),
+                                               growing.clamp_min(0)};
+  const int saved = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (size_t l = 0; l < all_lens.size(); ++l) {
+      for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
+        for (int weights : {0, 2}) {
+          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, all_lens[l],
+                                  tol,
+                                  fmt::format("threads {} lens#{} {} weights {}", threads, l,
+                                              c10::toString(tol.dtype), weights),
+                                  weights);
+        }
+      }
+    }
+  }
+  at::set_num_threads(saved);
+}
+
 // With weights asked for, the kernel writes them as it goes (Note [Flash
 // attention]); a gradient reaching them takes the saved-weights backward.
 TEST_P(Flash, WeightsMatchCompositeForwardAndBackwardInEveryDtype) {

@@ -45,10 +45,11 @@
 // panels of one register tile of keys, and Q, K, V, dO with their feature
 // dimension padded to whole tiles (copies only where it is not already). The
 // panels are packed where they are used, not for the whole call: in the
-// forward each thread packs the batch entries its query blocks reach, up to
-// the entry's longest valid length; in the backward each task packs its own
-// key block. Beyond its outputs a call holds one packed batch entry per
-// thread (forward), one key block's operands per thread (backward), and lse
+// forward, groups of up to kGroupBlocks query blocks of one batch entry walk
+// the keys together, and each key block is packed once per group; in the
+// backward each task packs its own key block. Beyond its outputs a call
+// holds per thread one key block's operands and, in the forward, the
+// group's accumulators (kGroupBlocks · kQueryBlock rows), and lse
 // and delta: never (B, n, m), nor a packed copy of all of K and V, nor a
 // per-thread copy of dQ (these put the kernel's peak memory at up to three
 // times SDPA's).
@@ -65,34 +66,38 @@ struct ForwardArgs {
   const T *q, *k, *vp;  // v padded
   int64_t ldv;
   RowLengths lens;
-  const int64_t* batch_longest;  // per batch entry, the longest valid length
   T scale;
   T *out, *lse;
   T* weights;  // (B, n, m), or null when no weights are asked
 };
 
+// Up to this many consecutive query blocks of one batch entry walk the keys
+// together: each key block is packed once for the group and meets every
+// block of the group while it is in cache.
+constexpr int64_t kGroupBlocks = 8;
+
+// One thread's state. Row r of the group's block g is row g·kQueryBlock + r
+// of acc, row_max, row_sum, len and block_max.
 template <typename T>
 struct ForwardScratch {
-  // The row stride of the score blocks: a key block, or fewer keys where no
+  // The row stride of the score block: a key block, or fewer keys where no
   // row has more (declared first: the sizes below use it).
   int64_t kb;
   std::vector<T> scores, acc, row_max, row_sum;
   std::vector<T> block_max;  // with weights: the maximum each key block was exponentiated at
-  std::vector<int64_t> len;
-  // Kᵀ in panels of one batch entry's keys below its longest length: each
-  // thread packs the entries its run of query blocks reaches, once each.
-  std::unique_ptr<T[]> kp;
-  int64_t packed = -1;  // the batch entry kp holds
+  std::vector<int64_t> len, longest;  // longest: per block of the group
+  std::unique_ptr<T[]> kp;            // Kᵀ of one key block in panels
 
-  ForwardScratch(int64_t ldv, int64_t key_blocks, int64_t packed_keys, int64_t d)
-      : kb(key_capacity<T>(packed_keys)),
+  ForwardScratch(int64_t ldv, int64_t key_blocks, int64_t longest_any, int64_t d)
+      : kb(key_capacity<T>(longest_any)),
         scores(kQueryBlock * kb),
-        acc(kQueryBlock * ldv),
-        row_max(kQueryBlock),
-        row_sum(kQueryBlock),
-        block_max(kQueryBlock * key_blocks),
-        len(kQueryBlock),
-        kp(uninitialized_buffer<T>(packed_keys * d)) {}
+        acc(kGroupBlocks * kQueryBlock * ldv),
+        row_max(kGroupBlocks * kQueryBlock),
+        row_sum(kGroupBlocks * kQueryBlock),
+        block_max(kGroupBlocks * kQueryBlock * key_blocks),
+        len(kGroupBlocks * kQueryBlock),
+        longest(kGroupBlocks),
+        kp(uninitialized_buffer<T>(kb * d)) {}
 };
 
 // With weights, a key block's exponentials go out as they are made, relative
@@ -102,79 +107,103 @@ struct ForwardScratch {
 // memory, written once and rescaled while they are in cache.
 template <typename T>
 void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
-                    int64_t rows) {
+                    int64_t rows, int64_t g) {
   const Dims& s = a.s;
   const int64_t key_blocks = div_up(s.m, kKeyBlock);
   for (int64_t r = 0; r < rows; ++r) {
+    const int64_t x = g * kQueryBlock + r;
     T* weights = a.weights + (b * s.n + i0 + r) * s.m;
-    const int64_t len = w.len[r];
+    const int64_t len = w.len[x];
     for (int64_t j0 = 0; j0 < len; j0 += kKeyBlock) {
       const T factor =
-          std::exp(w.block_max[r * key_blocks + j0 / kKeyBlock] - w.row_max[r]) / w.row_sum[r];
+          std::exp(w.block_max[x * key_blocks + j0 / kKeyBlock] - w.row_max[x]) / w.row_sum[x];
       scale_row(weights + j0, std::min(kKeyBlock, len - j0), factor);
     }
     std::fill(weights + len, weights + s.m, T(0));
   }
 }
 
+// Block g of the group (query rows [i0, i0 + rows) of batch entry b) against
+// key block j0, whose Kᵀ is packed in w.kp: scores, the online softmax, and
+// the output accumulated.
 template <typename T>
-void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0) {
+void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
+                      int64_t rows, int64_t g, int64_t j0) {
   constexpr int64_t W = kTileCols<T>;
   const Dims& s = a.s;
-  const int64_t rows = std::min(kQueryBlock, s.n - i0);
-  int64_t longest = 0;
+  const int64_t kc = std::min(kKeyBlock, w.longest[g] - j0);
+  T* acc_block = w.acc.data() + g * kQueryBlock * a.ldv;
+  gemm<T>(rows, div_up(kc, W), s.d, a.q + (b * s.n + i0) * s.d, s.d, w.kp.get(), W, s.d * W,
+          w.scores.data(), w.kb, /*accumulate=*/false);
   for (int64_t r = 0; r < rows; ++r) {
-    w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
-    longest = std::max(longest, w.len[r]);
-  }
-  std::fill(w.acc.begin(), w.acc.begin() + rows * a.ldv, T(0));
-  std::fill(w.row_max.begin(), w.row_max.end(), -std::numeric_limits<T>::infinity());
-  std::fill(w.row_sum.begin(), w.row_sum.end(), T(0));
-  if (w.packed != b) {
-    pack_transposed(a.k + b * s.m * s.d, a.batch_longest[b], s.d, w.kp.get());
-    w.packed = b;
-  }
-  const T* q = a.q + (b * s.n + i0) * s.d;
-  const T* kp = w.kp.get();
-  const T* vp = a.vp + b * s.m * a.ldv;
-  for (int64_t j0 = 0; j0 < longest; j0 += kKeyBlock) {
-    const int64_t kc = std::min(kKeyBlock, longest - j0);
-    gemm<T>(rows, div_up(kc, W), s.d, q, s.d, kp + j0 * s.d, W, s.d * W, w.scores.data(), w.kb,
-            /*accumulate=*/false);
-    for (int64_t r = 0; r < rows; ++r) {
-      T* row = w.scores.data() + r * w.kb;
-      const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
-      if (valid == 0) {
-        std::fill(row, row + kc, T(0));
-        continue;
-      }
-      const T old_max = w.row_max[r];
-      const T new_max = std::max(old_max, row_max(row, valid, w.kb) * a.scale);
-      const T correction = old_max == new_max ? T(1) : std::exp(old_max - new_max);
-      w.row_sum[r] = w.row_sum[r] * correction + exp_row(row, valid, kc, a.scale, new_max);
-      w.row_max[r] = new_max;
-      if (a.weights != nullptr) {
-        std::memcpy(a.weights + (b * s.n + i0 + r) * s.m + j0, row, valid * sizeof(T));
-        w.block_max[r * div_up(s.m, kKeyBlock) + j0 / kKeyBlock] = new_max;
-      }
-      if (correction != T(1)) {
-        T* acc = w.acc.data() + r * a.ldv;
-        for (int64_t c = 0; c < a.ldv; ++c) acc[c] *= correction;
-      }
+    const int64_t x = g * kQueryBlock + r;
+    T* row = w.scores.data() + r * w.kb;
+    const int64_t valid = std::clamp<int64_t>(w.len[x] - j0, 0, kc);
+    if (valid == 0) {
+      std::fill(row, row + kc, T(0));
+      continue;
     }
-    gemm<T>(rows, a.ldv / W, kc, w.scores.data(), w.kb, vp + j0 * a.ldv, a.ldv, W,
-            w.acc.data(), a.ldv, /*accumulate=*/true);
+    const T old_max = w.row_max[x];
+    const T new_max = std::max(old_max, row_max(row, valid, w.kb) * a.scale);
+    const T correction = old_max == new_max ? T(1) : std::exp(old_max - new_max);
+    w.row_sum[x] = w.row_sum[x] * correction + exp_row(row, valid, kc, a.scale, new_max);
+    w.row_max[x] = new_max;
+    if (a.weights != nullptr) {
+      std::memcpy(a.weights + (b * s.n + i0 + r) * s.m + j0, row, valid * sizeof(T));
+      w.block_max[x * div_up(s.m, kKeyBlock) + j0 / kKeyBlock] = new_max;
+    }
+    if (correction != T(1)) {
+      T* acc = acc_block + r * a.ldv;
+      for (int64_t c = 0; c < a.ldv; ++c) acc[c] *= correction;
+    }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* out = a.out + (b * s.n + i0 + r) * s.dv;
-    const T* acc = w.acc.data() + r * a.ldv;
-    const bool empty = w.len[r] == 0;
-    const T inv = empty ? T(0) : T(1) / w.row_sum[r];
-    for (int64_t c = 0; c < s.dv; ++c) out[c] = empty ? T(0) : acc[c] * inv;
-    a.lse[b * s.n + i0 + r] =
-        empty ? -std::numeric_limits<T>::infinity() : w.row_max[r] + std::log(w.row_sum[r]);
+  gemm<T>(rows, a.ldv / W, kc, w.scores.data(), w.kb, a.vp + (b * s.m + j0) * a.ldv, a.ldv, W,
+          acc_block, a.ldv, /*accumulate=*/true);
+}
+
+// Query blocks [first, first + count) of batch entry b, walking the keys
+// below the group's longest length one key block at a time.
+template <typename T>
+void forward_group(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t first,
+                   int64_t count) {
+  const Dims& s = a.s;
+  auto rows_of = [&](int64_t g) { return std::min(kQueryBlock, s.n - (first + g) * kQueryBlock); };
+  int64_t group_longest = 0;
+  for (int64_t g = 0; g < count; ++g) {
+    const int64_t i0 = (first + g) * kQueryBlock;
+    w.longest[g] = 0;
+    for (int64_t r = 0; r < rows_of(g); ++r) {
+      const int64_t len = a.lens.at(b * s.n + i0 + r, s.m);
+      w.len[g * kQueryBlock + r] = len;
+      w.longest[g] = std::max(w.longest[g], len);
+    }
+    group_longest = std::max(group_longest, w.longest[g]);
+    std::fill_n(w.acc.begin() + g * kQueryBlock * a.ldv, rows_of(g) * a.ldv, T(0));
+    std::fill_n(w.row_max.begin() + g * kQueryBlock, kQueryBlock,
+                -std::numeric_limits<T>::infinity());
+    std::fill_n(w.row_sum.begin() + g * kQueryBlock, kQueryBlock, T(0));
   }
-  if (a.weights != nullptr) finish_weights(a, w, b, i0, rows);
+  for (int64_t j0 = 0; j0 < group_longest; j0 += kKeyBlock) {
+    pack_transposed(a.k + (b * s.m + j0) * s.d, std::min(kKeyBlock, group_longest - j0), s.d,
+                    w.kp.get());
+    for (int64_t g = 0; g < count; ++g) {
+      if (w.longest[g] > j0) attend_key_block(a, w, b, (first + g) * kQueryBlock, rows_of(g), g, j0);
+    }
+  }
+  for (int64_t g = 0; g < count; ++g) {
+    const int64_t i0 = (first + g) * kQueryBlock;
+    for (int64_t r = 0; r < rows_of(g); ++r) {
+      const int64_t x = g * kQueryBlock + r;
+      T* out = a.out + (b * s.n + i0 + r) * s.dv;
+      const T* acc = w.acc.data() + x * a.ldv;
+      const bool empty = w.len[x] == 0;
+      const T inv = empty ? T(0) : T(1) / w.row_sum[x];
+      for (int64_t c = 0; c < s.dv; ++c) out[c] = empty ? T(0) : acc[c] * inv;
+      a.lse[b * s.n + i0 + r] =
+          empty ? -std::numeric_limits<T>::infinity() : w.row_max[x] + std::log(w.row_sum[x]);
+    }
+    if (a.weights != nullptr) finish_weights(a, w, b, i0, rows_of(g), g);
+  }
 }
 
 template <typename T>
@@ -182,35 +211,30 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& lse, const at::TensorBase& weights) {
   const Dims s = dims_of(q, v);
-  const RowLengths row_lens = row_lengths(lens, s.n);
-  std::vector<int64_t> batch_longest(s.B);
-  for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
-  const int64_t packed_keys = round_up_to_tile<T>(
-      batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end()));
   const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
-  const ForwardArgs<T> args{s,
-                            q.data_ptr<T>(),
-                            k.data_ptr<T>(),
-                            vp.data,
-                            vp.ld,
-                            row_lens,
-                            batch_longest.data(),
-                            T(scale),
-                            out.data_ptr<T>(),
-                            lse.data_ptr<T>(),
-                            weights.defined() ? weights.data_ptr<T>() : nullptr};
+  const ForwardArgs<T> args{
+      s,        q.data_ptr<T>(),   k.data_ptr<T>(),  vp.data, vp.ld, row_lengths(lens, s.n),
+      T(scale), out.data_ptr<T>(), lse.data_ptr<T>(),
+      weights.defined() ? weights.data_ptr<T>() : nullptr};
   const int64_t blocks = div_up(s.n, kQueryBlock);
   std::vector<int64_t> costs(s.B * blocks);
+  int64_t longest_any = 0;
   for (int64_t t = 0; t < s.B * blocks; ++t) {
     const int64_t b = t / blocks, i0 = t % blocks * kQueryBlock;
     const int64_t rows = std::min(kQueryBlock, s.n - i0);
-    costs[t] = rows * (longest_length(args.lens, s, b, i0, rows) + 16);
+    const int64_t longest = longest_length(args.lens, s, b, i0, rows);
+    longest_any = std::max(longest_any, longest);
+    costs[t] = rows * (longest + 16);
   }
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     ForwardScratch<T> scratch(vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0,
-                              packed_keys, s.d);
-    for (int64_t t = t0; t < t1; ++t)
-      forward_block(args, scratch, t / blocks, t % blocks * kQueryBlock);
+                              longest_any, s.d);
+    for (int64_t t = t0; t < t1;) {
+      const int64_t b = t / blocks, first = t % blocks;
+      const int64_t count = std::min({kGroupBlocks, t1 - t, blocks - first});
+      forward_group(args, scratch, b, first, count);
+      t += count;
+    }
   });
 }
 
