@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "heap_peak.h"
 #include "cpu/additive_attention_kernel.h"
+#include "heap_peak.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The flash dot-product kernel (Path::kFused or kAuto without training-time
-// dropout, Note [Flash attention]), with and without weights, against the composite (book) path: forward and backward
-// in every dtype, odd sizes around the register tiles and the query and key
+// dropout, Note [Flash attention]), with and without weights, against the composite (book) path:
+// forward and backward in every dtype, odd sizes around the register tiles and the query and key
 // blocks, non-contiguous inputs, zero-length rows, lengths above the key
 // count, non-finite padding, double backward, threads, and the modules that
 // choose it, under every instruction set this machine runs.
@@ -147,10 +147,11 @@ TEST_P(Flash, WideScoresMatchComposite) {
     // In float, sharp rows make the gradients more sensitive to rounding:
     // the two float paths then differ by up to 3.2e-5 on every instruction
     // set (SLEEF's exponential or ours); a wrong exponential is off by far more.
-    for (const DtypeTolerance& tol : {kFastPathDtypes[0], DtypeTolerance{torch::kFloat, 1e-5, 1e-4}}) {
-      check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, lens, tol,
-                              fmt::format("wide scores, lengths {}, {}", lens.defined(),
-                                          c10::toString(tol.dtype)));
+    for (const DtypeTolerance& tol :
+         {kFastPathDtypes[0], DtypeTolerance{torch::kFloat, 1e-5, 1e-4}}) {
+      check_against_composite(
+          {q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, lens, tol,
+          fmt::format("wide scores, lengths {}, {}", lens.defined(), c10::toString(tol.dtype)));
     }
   }
 }
@@ -158,35 +159,38 @@ TEST_P(Flash, WideScoresMatchComposite) {
 // The forward walks the keys with groups of up to 8 query blocks of 48 rows
 // at once (Note [Flash attention]): 10 blocks make a group of 8 and one of 2
 // on one thread, and other cuts where two threads split the work; the blocks
-// of a group reach different lengths. With and without weights.
+// of a group reach different lengths. With and without weights; features
+// of 5 and 8 (accumulated in scratch) and 64 (in the outputs themselves).
 TEST_P(Flash, GroupsOfQueryBlocksMatchComposite) {
   torch::manual_seed(29);
-  const int64_t B = 2, n = 8 * 48 + 50, m = 300, d = 8, dv = 5;
-  const auto q = torch::randn({B, n, d}, torch::kDouble) * 2;
-  const auto k = torch::randn({B, m, d}, torch::kDouble);
-  const auto v = torch::randn({B, m, dv}, torch::kDouble);
-  // Lengths that grow down the rows, so that the group's blocks differ.
-  const auto growing = torch::div(torch::arange(n) * (m + 20), n, "floor").repeat({B, 1}) -
-                       torch::tensor({0, 7}).view({B, 1});
-  const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::tensor({300, 131}),
-                                               torch::randint(0, m + 3, {B, n}),
-                                               growing.clamp_min(0)};
-  const int saved = at::get_num_threads();
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    for (size_t l = 0; l < all_lens.size(); ++l) {
-      for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
-        for (int weights : {0, 2}) {
-          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, all_lens[l],
-                                  tol,
-                                  fmt::format("threads {} lens#{} {} weights {}", threads, l,
-                                              c10::toString(tol.dtype), weights),
-                                  weights);
+  const int64_t B = 2, n = 8 * 48 + 50, m = 300;
+  for (const auto [d, dv] : {std::pair<int64_t, int64_t>{8, 5}, {64, 64}}) {
+    const auto q = torch::randn({B, n, d}, torch::kDouble) * 2;
+    const auto k = torch::randn({B, m, d}, torch::kDouble);
+    const auto v = torch::randn({B, m, dv}, torch::kDouble);
+    // Lengths that grow down the rows, so that the group's blocks differ.
+    const auto growing = torch::div(torch::arange(n) * (m + 20), n, "floor").repeat({B, 1}) -
+                         torch::tensor({0, 7}).view({B, 1});
+    const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::tensor({300, 131}),
+                                                 torch::randint(0, m + 3, {B, n}),
+                                                 growing.clamp_min(0)};
+    const int saved = at::get_num_threads();
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      for (size_t l = 0; l < all_lens.size(); ++l) {
+        for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
+          for (int weights : {0, 2}) {
+            check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)},
+                                    all_lens[l], tol,
+                                    fmt::format("d {} dv {} threads {} lens#{} {} weights {}", d,
+                                                dv, threads, l, c10::toString(tol.dtype), weights),
+                                    weights);
+          }
         }
       }
     }
+    at::set_num_threads(saved);
   }
-  at::set_num_threads(saved);
 }
 
 // With weights asked for, the kernel writes them as it goes (Note [Flash
@@ -202,16 +206,15 @@ TEST_P(Flash, WeightsMatchCompositeForwardAndBackwardInEveryDtype) {
     const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
     const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
     const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
-    const std::vector<torch::Tensor> all_lens = {torch::Tensor(),
-                                                 torch::randint(0, c.m + 3, {c.B}),
+    const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::randint(0, c.m + 3, {c.B}),
                                                  torch::randint(0, c.m + 3, {c.B, c.n})};
     for (size_t l = 0; l < all_lens.size(); ++l) {
       for (const auto& tol : runnable_dtypes()) {
         for (int weights : {1, 2}) {
-          const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{} {} weights {}", c.B,
-                                        c.n, c.m, c.d, c.dv, l, c10::toString(tol.dtype), weights);
-          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)},
-                                  all_lens[l], tol, what, weights);
+          const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{} {} weights {}", c.B, c.n,
+                                        c.m, c.d, c.dv, l, c10::toString(tol.dtype), weights);
+          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, all_lens[l],
+                                  tol, what, weights);
         }
       }
     }

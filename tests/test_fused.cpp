@@ -22,8 +22,8 @@
 #include "additive_attention.h"
 #include "checks.h"
 #include "cpu/additive_attention_kernel.h"
-#include "linear.h"
 #include "fused_helpers.h"
+#include "linear.h"
 #include "test_utils.h"
 
 namespace {
@@ -115,9 +115,11 @@ TEST_P(Fused, MaskedSoftmaxExponentialIsAccurateOverTheWholeFloatRange) {
   }
   auto with_nan = hostile.clone();
   with_nan[0][0][3] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(d2l::masked_softmax(with_nan, torch::tensor({6}), Path::kFused).isnan().all().item<bool>());
+  EXPECT_TRUE(
+      d2l::masked_softmax(with_nan, torch::tensor({6}), Path::kFused).isnan().all().item<bool>());
   // Past the length, a NaN is masked away.
-  EXPECT_FALSE(d2l::masked_softmax(with_nan, torch::tensor({3}), Path::kFused).isnan().any().item<bool>());
+  EXPECT_FALSE(
+      d2l::masked_softmax(with_nan, torch::tensor({3}), Path::kFused).isnan().any().item<bool>());
 }
 
 TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
@@ -645,8 +647,8 @@ TEST(FusedKernels, LinearSplitsOverThreadsOnlyWhereOpenBlasRunsOnOne) {
     // Small products, other dtypes, mismatched shapes: functional::linear.
     EXPECT_FALSE(d2l::detail::linear_splits_over_threads(torch::randn({64, 10, 32}),
                                                          torch::randn({32, 32})));
-    EXPECT_FALSE(d2l::detail::linear_splits_over_threads(x.to(torch::kBFloat16),
-                                                         W.to(torch::kBFloat16)));
+    EXPECT_FALSE(
+        d2l::detail::linear_splits_over_threads(x.to(torch::kBFloat16), W.to(torch::kBFloat16)));
     EXPECT_FALSE(d2l::detail::linear_splits_over_threads(x, torch::randn({64, 65})));
     EXPECT_FALSE(d2l::detail::linear_splits_over_threads(x, W.to(torch::kDouble)));
     if (blas_is_openblas()) {
@@ -695,8 +697,8 @@ TEST(FusedKernels, LinearSplitOverThreadsMatchesFunctionalLinear) {
       auto run = [&](bool split) {
         auto xl = x.detach().clone().requires_grad_(), Wl = W.detach().clone().requires_grad_();
         auto bl = c.bias ? b.detach().clone().requires_grad_() : torch::Tensor();
-        const auto y = split ? d2l::detail::linear(xl, Wl, bl)
-                             : torch::nn::functional::linear(xl, Wl, bl);
+        const auto y =
+            split ? d2l::detail::linear(xl, Wl, bl) : torch::nn::functional::linear(xl, Wl, bl);
         std::vector<torch::Tensor> leaves{xl, Wl};
         if (c.bias) leaves.push_back(bl);
         // First gradients with a graph, then a second backward through them.
@@ -710,8 +712,8 @@ TEST(FusedKernels, LinearSplitOverThreadsMatchesFunctionalLinear) {
         // The plain backward (no graph): the split path's own kernels.
         auto xp = x.detach().clone().requires_grad_(), Wp = W.detach().clone().requires_grad_();
         auto bp = c.bias ? b.detach().clone().requires_grad_() : torch::Tensor();
-        const auto yp = split ? d2l::detail::linear(xp, Wp, bp)
-                              : torch::nn::functional::linear(xp, Wp, bp);
+        const auto yp =
+            split ? d2l::detail::linear(xp, Wp, bp) : torch::nn::functional::linear(xp, Wp, bp);
         (yp * G).sum().backward();
         result.push_back(xp.grad());
         result.push_back(Wp.grad());
@@ -730,8 +732,7 @@ TEST(FusedKernels, LinearSplitOverThreadsMatchesFunctionalLinear) {
     }
   }
   // Bad shapes keep functional::linear's own error.
-  EXPECT_THROW(d2l::detail::linear(torch::randn({4, 300, 64}), torch::randn({64, 63})),
-               c10::Error);
+  EXPECT_THROW(d2l::detail::linear(torch::randn({4, 300, 64}), torch::randn({64, 63})), c10::Error);
 }
 
 // The modules whose projections split: the same outputs and gradients at 2

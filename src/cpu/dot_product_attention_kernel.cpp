@@ -48,11 +48,12 @@
 // forward, groups of up to kGroupBlocks query blocks of one batch entry walk
 // the keys together, and each key block is packed once per group; in the
 // backward each task packs its own key block. Beyond its outputs a call
-// holds per thread one key block's operands and, in the forward, the
-// group's accumulators (kGroupBlocks · kQueryBlock rows), and lse
+// holds per thread one key block's operands, and lse
 // and delta: never (B, n, m), nor a packed copy of all of K and V, nor a
 // per-thread copy of dQ (these put the kernel's peak memory at up to three
-// times SDPA's).
+// times SDPA's). Where a feature dimension is a whole number of register
+// tiles (d = 64, say), the forward accumulates in its output rows and the
+// backward in its rows of dK and dV; otherwise in per-thread scratch.
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -88,17 +89,26 @@ struct ForwardScratch {
   std::vector<int64_t> len, longest;  // longest: per block of the group
   std::unique_ptr<T[]> kp;            // Kᵀ of one key block in panels
 
-  ForwardScratch(int64_t ldv, int64_t key_blocks, int64_t longest_any, int64_t d)
+  ForwardScratch(const Dims& s, int64_t ldv, int64_t key_blocks, int64_t longest_any)
       : kb(key_capacity<T>(longest_any)),
         scores(kQueryBlock * kb),
-        acc(kGroupBlocks * kQueryBlock * ldv),
+        acc(ldv == s.dv ? 0 : kGroupBlocks * kQueryBlock * ldv),
         row_max(kGroupBlocks * kQueryBlock),
         row_sum(kGroupBlocks * kQueryBlock),
         block_max(kGroupBlocks * kQueryBlock * key_blocks),
         len(kGroupBlocks * kQueryBlock),
         longest(kGroupBlocks),
-        kp(uninitialized_buffer<T>(kb * d)) {}
+        kp(uninitialized_buffer<T>(kb * s.d)) {}
 };
+
+// Where block g of the group (rows from i0 of batch entry b) accumulates its
+// output, rows ldv apart: in the output itself where its rows are whole
+// tiles, else in the thread's scratch.
+template <typename T>
+T* accumulator(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0, int64_t g) {
+  const Dims& s = a.s;
+  return a.ldv == s.dv ? a.out + (b * s.n + i0) * s.dv : w.acc.data() + g * kQueryBlock * a.ldv;
+}
 
 // With weights, a key block's exponentials go out as they are made, relative
 // to the row maximum at the time; once the row's final maximum and sum are
@@ -132,7 +142,7 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
   constexpr int64_t W = kTileCols<T>;
   const Dims& s = a.s;
   const int64_t kc = std::min(kKeyBlock, w.longest[g] - j0);
-  T* acc_block = w.acc.data() + g * kQueryBlock * a.ldv;
+  T* acc_block = accumulator(a, w, b, i0, g);
   gemm<T>(rows, div_up(kc, W), s.d, a.q + (b * s.n + i0) * s.d, s.d, w.kp.get(), W, s.d * W,
           w.scores.data(), w.kb, /*accumulate=*/false);
   for (int64_t r = 0; r < rows; ++r) {
@@ -178,7 +188,7 @@ void forward_group(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
       w.longest[g] = std::max(w.longest[g], len);
     }
     group_longest = std::max(group_longest, w.longest[g]);
-    std::fill_n(w.acc.begin() + g * kQueryBlock * a.ldv, rows_of(g) * a.ldv, T(0));
+    std::fill_n(accumulator(a, w, b, i0, g), rows_of(g) * a.ldv, T(0));
     std::fill_n(w.row_max.begin() + g * kQueryBlock, kQueryBlock,
                 -std::numeric_limits<T>::infinity());
     std::fill_n(w.row_sum.begin() + g * kQueryBlock, kQueryBlock, T(0));
@@ -187,7 +197,8 @@ void forward_group(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     pack_transposed(a.k + (b * s.m + j0) * s.d, std::min(kKeyBlock, group_longest - j0), s.d,
                     w.kp.get());
     for (int64_t g = 0; g < count; ++g) {
-      if (w.longest[g] > j0) attend_key_block(a, w, b, (first + g) * kQueryBlock, rows_of(g), g, j0);
+      if (w.longest[g] > j0)
+        attend_key_block(a, w, b, (first + g) * kQueryBlock, rows_of(g), g, j0);
     }
   }
   for (int64_t g = 0; g < count; ++g) {
@@ -195,7 +206,7 @@ void forward_group(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     for (int64_t r = 0; r < rows_of(g); ++r) {
       const int64_t x = g * kQueryBlock + r;
       T* out = a.out + (b * s.n + i0 + r) * s.dv;
-      const T* acc = w.acc.data() + x * a.ldv;
+      const T* acc = accumulator(a, w, b, i0, g) + r * a.ldv;  // may be `out` itself
       const bool empty = w.len[x] == 0;
       const T inv = empty ? T(0) : T(1) / w.row_sum[x];
       for (int64_t c = 0; c < s.dv; ++c) out[c] = empty ? T(0) : acc[c] * inv;
@@ -212,10 +223,16 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
                    const at::TensorBase& lse, const at::TensorBase& weights) {
   const Dims s = dims_of(q, v);
   const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
-  const ForwardArgs<T> args{
-      s,        q.data_ptr<T>(),   k.data_ptr<T>(),  vp.data, vp.ld, row_lengths(lens, s.n),
-      T(scale), out.data_ptr<T>(), lse.data_ptr<T>(),
-      weights.defined() ? weights.data_ptr<T>() : nullptr};
+  const ForwardArgs<T> args{s,
+                            q.data_ptr<T>(),
+                            k.data_ptr<T>(),
+                            vp.data,
+                            vp.ld,
+                            row_lengths(lens, s.n),
+                            T(scale),
+                            out.data_ptr<T>(),
+                            lse.data_ptr<T>(),
+                            weights.defined() ? weights.data_ptr<T>() : nullptr};
   const int64_t blocks = div_up(s.n, kQueryBlock);
   std::vector<int64_t> costs(s.B * blocks);
   int64_t longest_any = 0;
@@ -227,8 +244,8 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     costs[t] = rows * (longest + 16);
   }
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    ForwardScratch<T> scratch(vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0,
-                              longest_any, s.d);
+    ForwardScratch<T> scratch(s, vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0,
+                              longest_any);
     for (int64_t t = t0; t < t1;) {
       const int64_t b = t / blocks, first = t % blocks;
       const int64_t count = std::min({kGroupBlocks, t1 - t, blocks - first});
@@ -252,7 +269,7 @@ template <typename T>
 struct BackwardArgs {
   Dims s;
   const T *q, *k, *v, *dout, *lse, *delta;  // delta = rowsum(dO ∘ O)
-  const T *qpad, *kpad, *dopad;                // rows padded to ldq / ldq / ldv
+  const T *qpad, *kpad, *dopad;             // rows padded to ldq / ldq / ldv
   int64_t ldq, ldv;
   RowLengths lens;
   T scale;
@@ -265,7 +282,10 @@ constexpr int64_t kDqLocks = 64;
 template <typename T>
 struct BackwardScratch {
   int64_t kb;  // the row stride of p and dp: a key block, or fewer keys if no row has more
-  std::vector<T> p, dp, pt, dst, dk, dv, dq;
+  // p, then dSᵀ once Pᵀ is in pt; dk and dv only where the outputs' rows are
+  // not whole tiles (else the task accumulates in its rows of the outputs).
+  std::vector<T> p, dp, pt, dk, dv, dq;
+  T *dk_rows = nullptr, *dv_rows = nullptr;  // where the current key block accumulates
   std::vector<int64_t> len;
   // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
   // one task, so nothing is packed twice).
@@ -276,9 +296,8 @@ struct BackwardScratch {
         p(kQueryBlock * kb),
         dp(kQueryBlock * kb),
         pt(kb * kQueryBlock),
-        dst(kb * kQueryBlock),
-        dk(kb * ldq),
-        dv(kb * ldv),
+        dk(ldq == s.d ? 0 : kb * ldq),
+        dv(ldv == s.dv ? 0 : kb * ldv),
         dq(kQueryBlock * ldq),
         len(kQueryBlock),
         kp(uninitialized_buffer<T>(kb * s.d)),
@@ -294,8 +313,7 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
   const Dims& s = a.s;
   const int64_t tiles = div_up(kc, W);
   const int64_t row0 = b * s.n + i0;
-  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb,
-          false);
+  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false);
   gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, w.vtp.get(), W, s.dv * W, w.dp.data(),
           w.kb, false);
   const V vscale(a.scale);
@@ -319,11 +337,12 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
     if (j < kc) std::fill(ds + j, ds + kc, T(0));
   }
   transpose(rows, kc, w.p.data(), w.kb, w.pt.data(), kQueryBlock);
-  transpose(rows, kc, w.dp.data(), w.kb, w.dst.data(), kQueryBlock);
+  T* dst = w.p.data();  // P is in pt now
+  transpose(rows, kc, w.dp.data(), w.kb, dst, kQueryBlock);
   gemm<T>(kc, a.ldv / W, rows, w.pt.data(), kQueryBlock, a.dopad + row0 * a.ldv, a.ldv, W,
-          w.dv.data(), a.ldv, true);
-  gemm<T>(kc, a.ldq / W, rows, w.dst.data(), kQueryBlock, a.qpad + row0 * a.ldq, a.ldq, W,
-          w.dk.data(), a.ldq, true);
+          w.dv_rows, a.ldv, true);
+  gemm<T>(kc, a.ldq / W, rows, dst, kQueryBlock, a.qpad + row0 * a.ldq, a.ldq, W, w.dk_rows, a.ldq,
+          true);
   // This pair's share of dQ, added to the query block's rows under their
   // lock: no per-thread copy of dQ.
   gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, a.kpad + (b * s.m + j0) * a.ldq, a.ldq, W,
@@ -344,8 +363,10 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
   const Dims& s = a.s;
   pack_transposed(a.k + (b * s.m + j0) * s.d, kc, s.d, w.kp.get());
   pack_transposed(a.v + (b * s.m + j0) * s.dv, kc, s.dv, w.vtp.get());
-  std::fill(w.dk.begin(), w.dk.begin() + kc * a.ldq, T(0));
-  std::fill(w.dv.begin(), w.dv.begin() + kc * a.ldv, T(0));
+  w.dk_rows = w.dk.empty() ? a.dk + (b * s.m + j0) * s.d : w.dk.data();
+  w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();
+  std::fill_n(w.dk_rows, kc * a.ldq, T(0));
+  std::fill_n(w.dv_rows, kc * a.ldv, T(0));
   for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
     const int64_t rows = std::min(kQueryBlock, s.n - i0);
     int64_t longest = 0;
@@ -356,8 +377,12 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
     if (longest > j0) backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
   }
   for (int64_t j = 0; j < kc; ++j) {
-    std::memcpy(a.dk + (b * s.m + j0 + j) * s.d, w.dk.data() + j * a.ldq, s.d * sizeof(T));
-    std::memcpy(a.dv + (b * s.m + j0 + j) * s.dv, w.dv.data() + j * a.ldv, s.dv * sizeof(T));
+    if (!w.dk.empty()) {
+      std::memcpy(a.dk + (b * s.m + j0 + j) * s.d, w.dk.data() + j * a.ldq, s.d * sizeof(T));
+    }
+    if (!w.dv.empty()) {
+      std::memcpy(a.dv + (b * s.m + j0 + j) * s.dv, w.dv.data() + j * a.ldv, s.dv * sizeof(T));
+    }
   }
 }
 
@@ -393,24 +418,10 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   });
   const Padded<T> qpad(qd, s.B * s.n, s.d), kpad(kd, s.B * s.m, s.d), dopad(dod, s.B * s.n, s.dv);
   std::array<std::mutex, kDqLocks> dq_locks;
-  const BackwardArgs<T> args{s,
-                             qd,
-                             kd,
-                             vd,
-                             dod,
-                             lse.data_ptr<T>(),
-                             delta.get(),
-                             qpad.data,
-                             kpad.data,
-                             dopad.data,
-                             qpad.ld,
-                             dopad.ld,
-                             row_lens,
-                             T(scale),
-                             dqd,
-                             dkd,
-                             dvd,
-                             dq_locks.data()};
+  const BackwardArgs<T> args{
+      s,           qd,        kd,        vd,         dod,     lse.data_ptr<T>(),
+      delta.get(), qpad.data, kpad.data, dopad.data, qpad.ld, dopad.ld,
+      row_lens,    T(scale),  dqd,       dkd,        dvd,     dq_locks.data()};
   // Tasks: the key blocks of each batch entry below its longest length, at a
   // cost of the rows and keys their query blocks visit.
   std::vector<int64_t> task_b, task_j0, costs;
