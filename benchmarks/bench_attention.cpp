@@ -193,9 +193,9 @@ torch::Tensor dot_attention(const Inputs& in, const std::vector<torch::Tensor>& 
 
 std::map<std::string, CaseFactory> sdpa_cases() {
   std::map<std::string, CaseFactory> c;
-  // The flash kernel (kFused and kAuto without weights), and the path that
-  // computes the weights (bmm, fused masked softmax, bmm), what every
-  // call ran before the flash kernel.
+  // The flash kernel (kFused and kAuto without weights), and the same call
+  // with the weights asked for: since 21bed17 the kernel then also writes
+  // the (B, n, m) weights (before, bmm, fused masked softmax, bmm).
   struct Variant {
     std::string name;
     d2l::Path path;

@@ -5,7 +5,7 @@
 
 Reads Google Benchmark JSON from bench_attention's `sdpa*` shapes (names
 `<case>/<shape>/threads:<N>`, cases dot_fused_noweights_* (the flash kernel), dot_fused_weights_*
-(bmm + fused masked softmax + bmm) and sdpa_*), takes the
+(the same with the (B, n, m) weights written and returned) and sdpa_*), takes the
 median aggregate (or the median of the iteration rows), and prints per shape and thread count the
 medians and the ratios against SDPA measured in the same process, and each one's peak memory over one
 call: the heap's high-water mark above its level at the call's start (`peak_heap_delta_bytes`,
@@ -63,8 +63,8 @@ def main(paths):
     shapes = sorted({k[1] for k in medians},
                     key=lambda s: (s.endswith("full"), int(s[4:].removesuffix("full"))))
     threads = sorted({k[2] for k in medians})
-    print("| threads | shape | pass | flash | SDPA | flash / SDPA | bmm + softmax | "
-          f"speed-up over it | peak {kind} Δ flash | peak {kind} Δ SDPA |")
+    print("| threads | shape | pass | flash | SDPA | flash / SDPA | with weights | "
+          f"its time / flash | peak {kind} Δ flash | peak {kind} Δ SDPA |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for t in threads:
         for shape in shapes:
