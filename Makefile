@@ -197,10 +197,11 @@ bench-dp: build
 BENCH_THREADS ?= 1,2
 # One process per thread count and shape: a fresh heap each, so that page
 # faults left by one case's allocations do not land on another's timing.
-# OPENBLAS_NUM_THREADS follows the thread count on both sides: OpenBLAS
-# (pthreads) keeps its own pool, which at::set_num_threads does not size, so
-# a "1 thread" bmm would otherwise use every core, and at 2 threads its
-# spinning workers compete with OpenMP's.
+# OpenBLAS (pthreads) keeps its own pool, which at::set_num_threads does not
+# size: the book's side runs with OPENBLAS_NUM_THREADS = threads, as its
+# users would; bench_attention sizes both pools with d2l::set_num_threads
+# (ATen at the thread count, OpenBLAS at 1: at 2 threads OpenBLAS's spinning
+# workers compete with OpenMP's), whatever OPENBLAS_NUM_THREADS says.
 BENCH_SHAPES ?= toy d2l mid big
 # $(1): build dir, $(2): shapes, $(3): prefix of the JSON files. One process
 # per thread count and shape; OpenBLAS's pool sized like ours (README).

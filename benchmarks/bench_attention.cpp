@@ -279,7 +279,11 @@ void register_case(const std::string& name, const Shape& shape, int threads,
                    const CaseFactory& factory, bool memory) {
   benchmark::RegisterBenchmark(name.c_str(),
                                [=](benchmark::State& state) {
-                                 at::set_num_threads(threads);
+                                 // ATen's pool at `threads`, OpenBLAS's at 1: the
+                                 // library's recommended set-up (README, "Two thread
+                                 // pools"); the process-wide OpenBLAS pool also serves
+                                 // the composite and floor cases.
+                                 d2l::set_num_threads(threads);
                                  const Inputs inputs = make_inputs(shape);
                                  Body body = factory(shape, inputs);
                                  body();  // warm-up: allocator, OpenMP pool, lazy initialisation

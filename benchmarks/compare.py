@@ -9,7 +9,11 @@ Standard library only, so it runs with any python3. Inputs:
   `<case>/<shape>/threads:<N>` for the library's fast path, `composite:<case>/<shape>/threads:<N>` for its
   book-port path, plus `dot_parts_fwd/...` (bmm + softmax + bmm) and `tanh_floor/...` (tanh over B*n*m*h
   floats) as floors. With repetitions the `median` aggregate row is used; otherwise the median of the
-  iteration rows. An optional `peak_rss_delta_bytes` user counter gives peak memory.
+  iteration rows. Peak memory comes from the `peak_heap_delta_bytes` user counter (the heap's exact
+  high-water mark over one call, benchmarks/heap_peak.cpp) where present, else `peak_rss_delta_bytes`
+  (the resident set's, which reads 0 wherever the allocator reuses pages freed by the warm-up call).
+  The book's side is always its resident set (book_reference.py): against it the library's exact heap
+  peak is the stricter comparison.
 - `--book`: the JSON of benchmarks/book_reference.py, one file per thread count.
 One table per thread count; a value that is missing prints as an em dash.
 """
@@ -30,7 +34,7 @@ TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 MISSING = "—"
 COMPOSITE_PREFIX = "composite:"
 
-Measurement = namedtuple("Measurement", "seconds peak_rss_delta_bytes")
+Measurement = namedtuple("Measurement", "seconds peak_bytes")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -67,7 +71,9 @@ def summarize(rows):
     chosen = medians[:1] or [r for r in rows if r.get("run_type", "iteration") == "iteration"]
     if not chosen:
         return None
-    peaks = [r["peak_rss_delta_bytes"] for r in chosen if "peak_rss_delta_bytes" in r]
+    field = "peak_heap_delta_bytes" if any("peak_heap_delta_bytes" in r for r in chosen) \
+        else "peak_rss_delta_bytes"
+    peaks = [r[field] for r in chosen if field in r]
     return Measurement(statistics.median(row_seconds(r) for r in chosen),
                        statistics.median(peaks) if peaks else None)
 
@@ -162,7 +168,7 @@ def table_rows(results):
             if not any((case, shape) in results[impl] for impl in ("library", "composite", "book")):
                 continue
             lib, comp, book = (lookup(results, impl, case, shape) for impl in ("library", "composite", "book"))
-            lib_mem, book_mem = (lookup(results, impl, case, shape, "peak_rss_delta_bytes")
+            lib_mem, book_mem = (lookup(results, impl, case, shape, "peak_bytes")
                                  for impl in ("library", "book"))
             rows.append([case, shape, fmt_time(lib), fmt_time(comp), fmt_time(book),
                          fmt_ratio(ratio(book, lib)), fmt_bytes(lib_mem), fmt_bytes(book_mem),
@@ -198,8 +204,8 @@ def goal_lines(results):
                 lib("masked_softmax_" + mode, shape), lib("softmax_" + mode, shape)))
     lines.append(time_ratio_line("additive_fwdbwd speed-up book / library, mid",
                                  book("additive_fwdbwd", "mid"), lib("additive_fwdbwd", "mid")))
-    lib_mem = lookup(results, "library", "additive_fwdbwd", "big", "peak_rss_delta_bytes")
-    book_mem = lookup(results, "book", "additive_fwdbwd", "big", "peak_rss_delta_bytes")
+    lib_mem = lookup(results, "library", "additive_fwdbwd", "big", "peak_bytes")
+    book_mem = lookup(results, "book", "additive_fwdbwd", "big", "peak_bytes")
     lines.append("- additive_fwdbwd peak memory library / book, big: {} / {} = {}".format(
         fmt_bytes(lib_mem), fmt_bytes(book_mem), fmt_ratio(ratio(lib_mem, book_mem))))
     for shape in SHAPES:

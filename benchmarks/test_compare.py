@@ -106,12 +106,12 @@ class SummarizeTest(unittest.TestCase):
     def test_median_aggregate_wins_over_mean_and_iterations(self):
         m = compare.summarize(gbench_rows("x/mid/threads:1", [10.0, 9.0, 50.0], peak=1234))
         self.assertAlmostEqual(m.seconds, 10e-3)  # the mean would be 23 ms
-        self.assertEqual(m.peak_rss_delta_bytes, 1234)
+        self.assertEqual(m.peak_bytes, 1234)
 
     def test_iteration_median_without_aggregates(self):
         m = compare.summarize(gbench_rows("x/mid/threads:1", [3.0, 1.0, 2.0], unit="us", aggregates=False))
         self.assertAlmostEqual(m.seconds, 2e-6)
-        self.assertIsNone(m.peak_rss_delta_bytes)
+        self.assertIsNone(m.peak_bytes)
 
     def test_time_units(self):
         for unit, scale in (("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)):
@@ -218,6 +218,28 @@ class RenderTest(unittest.TestCase):
                 text = f.read()
         self.assertIn("| softmax_fwd | big | 3.00 ms | — | 3.40 ms | 1.13× | — | 8.00 MiB | — |", text)
         self.assertIn("Goals:", text)
+
+
+class HeapPeakTest(unittest.TestCase):
+    def test_heap_counter_preferred_over_resident_set(self):
+        rows = gbench_rows("additive_fwdbwd/big/threads:1", [2.0, 3.0, 4.0], peak=0)
+        for r in rows:
+            r["peak_heap_delta_bytes"] = 5 * MiB
+        store = new_store_with(rows)
+        self.assertEqual(compare.lookup(store[1], "library", "additive_fwdbwd", "big",
+                                        "peak_bytes"), 5 * MiB)
+
+    def test_resident_set_where_no_heap_counter(self):
+        rows = gbench_rows("additive_fwdbwd/big/threads:1", [2.0, 3.0, 4.0], peak=MiB)
+        store = new_store_with(rows)
+        self.assertEqual(compare.lookup(store[1], "library", "additive_fwdbwd", "big",
+                                        "peak_bytes"), MiB)
+
+
+def new_store_with(rows):
+    store = compare.new_store()
+    compare.load_cpp(gbench_doc(rows), store)
+    return store
 
 
 class SdpaTableTest(unittest.TestCase):
