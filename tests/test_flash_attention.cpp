@@ -193,6 +193,37 @@ TEST_P(Flash, GroupsOfQueryBlocksMatchComposite) {
   }
 }
 
+// The backward splits the keys of one batch entry into several blocks (a
+// quarter of the longest length each), whose tasks add to the same rows of
+// dQ: with one batch entry and two threads, both threads add to one dQ,
+// straight into its rows (d = 64) or through a share (d = 24), each key block
+// starting at a different query block.
+TEST_P(Flash, KeyBlocksOfOneBatchEntryAddUpInDqAtTwoThreads) {
+  torch::manual_seed(31);
+  const int64_t n = 3 * 48 + 7, m = 411;
+  for (const auto [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {24, 40}}) {
+    const auto q = torch::randn({1, n, d}, torch::kDouble) * 2;
+    const auto k = torch::randn({1, m, d}, torch::kDouble);
+    const auto v = torch::randn({1, m, dv}, torch::kDouble);
+    const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::tensor({250}),
+                                                 torch::randint(0, m + 3, {1, n})};
+    const int saved = at::get_num_threads();
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      for (size_t l = 0; l < all_lens.size(); ++l) {
+        for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {
+          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)},
+                                  all_lens[l], tol,
+                                  fmt::format("d {} dv {} threads {} lens#{} {}", d, dv, threads,
+                                              l, c10::toString(tol.dtype)),
+                                  0);
+        }
+      }
+    }
+    at::set_num_threads(saved);
+  }
+}
+
 // With weights asked for, the kernel writes them as it goes (Note [Flash
 // attention]); a gradient reaching them takes the saved-weights backward.
 TEST_P(Flash, WeightsMatchCompositeForwardAndBackwardInEveryDtype) {

@@ -22,9 +22,10 @@
 
 // Note [Flash attention]
 // The forward pass takes a block of kQueryBlock query rows of one batch entry
-// and walks the keys in blocks of kKeyBlock, as FlashAttention does: the
-// block's scores S = Q Kᵀ (gemm-inl.h), a running row maximum and sum, and
-// the output accumulated as Σ exp(scale·S - max) V, rescaled whenever the
+// and walks the keys in key blocks (up to kKeyBlock: forward_key_block), as
+// FlashAttention does: the block's
+// scores S = Q Kᵀ (gemm-inl.h), a running row maximum and sum, and the
+// output accumulated as Σ exp(scale·S - max) V, rescaled whenever the
 // maximum grows. Only keys below the longest valid length among the block's
 // rows are visited: with lengths (B) a whole batch entry stops at its
 // length, so padding costs nothing, where SDPA's mask still computes it.
@@ -35,8 +36,9 @@
 // The backward pass recomputes P = exp(scale·S - lse) block by block and is
 // parallel over (batch entry, key block): each task owns its rows of dK and
 // dV, and adds each query block's share of dQ to dQ under that block's lock
-// (one of 64, by block index). D = rowsum(dO ∘ O)
-// replaces the row sums of dP ∘ P.
+// (one of 64, by block index). D = rowsum(dO ∘ O), computed per query block
+// where it is used, replaces the row sums of dP ∘ P. Pᵀ dO and dSᵀ Q read P
+// and dS transposed in place.
 //
 // Work is split into one run of tasks per thread, of about equal cost (rows
 // times visited keys): with random lengths, equal numbers of tasks would
@@ -47,13 +49,14 @@
 // panels are packed where they are used, not for the whole call: in the
 // forward, groups of up to kGroupBlocks query blocks of one batch entry walk
 // the keys together, and each key block is packed once per group; in the
-// backward each task packs its own key block. Beyond its outputs a call
-// holds per thread one key block's operands, and lse
-// and delta: never (B, n, m), nor a packed copy of all of K and V, nor a
-// per-thread copy of dQ (these put the kernel's peak memory at up to three
-// times SDPA's). Where a feature dimension is a whole number of register
-// tiles (d = 64, say), the forward accumulates in its output rows and the
-// backward in its rows of dK and dV; otherwise in per-thread scratch.
+// backward each task packs its own key block. Beyond its outputs and lse, a
+// call holds per thread one key block's operands and one block of scores (or
+// P and dP): never (B, n, m), nor a packed copy of all of K and V, nor a
+// per-thread copy of dQ, nor a (B, n) buffer of D (these put the kernel's
+// peak memory at up to three times SDPA's). Where a feature dimension is a
+// whole number of register tiles (d = 64, say), the forward accumulates in
+// its output rows and the backward in its rows of dK, dV and dQ; otherwise
+// in per-thread scratch.
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -81,16 +84,14 @@ constexpr int64_t kGroupBlocks = 8;
 // of acc, row_max, row_sum, len and block_max.
 template <typename T>
 struct ForwardScratch {
-  // The row stride of the score block: a key block, or fewer keys where no
-  // row has more (declared first: the sizes below use it).
-  int64_t kb;
+  int64_t kb;  // the call's key block (forward_key_block), the score block's row stride
   std::vector<T> scores, acc, row_max, row_sum;
   std::vector<T> block_max;  // with weights: the maximum each key block was exponentiated at
   std::vector<int64_t> len, longest;  // longest: per block of the group
   std::unique_ptr<T[]> kp;            // Kᵀ of one key block in panels
 
-  ForwardScratch(const Dims& s, int64_t ldv, int64_t key_blocks, int64_t longest_any)
-      : kb(key_capacity<T>(longest_any)),
+  ForwardScratch(const Dims& s, int64_t ldv, int64_t kb, int64_t key_blocks)
+      : kb(kb),
         scores(kQueryBlock * kb),
         acc(ldv == s.dv ? 0 : kGroupBlocks * kQueryBlock * ldv),
         row_max(kGroupBlocks * kQueryBlock),
@@ -119,15 +120,15 @@ template <typename T>
 void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
                     int64_t rows, int64_t g) {
   const Dims& s = a.s;
-  const int64_t key_blocks = div_up(s.m, kKeyBlock);
+  const int64_t key_blocks = div_up(s.m, w.kb);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t x = g * kQueryBlock + r;
     T* weights = a.weights + (b * s.n + i0 + r) * s.m;
     const int64_t len = w.len[x];
-    for (int64_t j0 = 0; j0 < len; j0 += kKeyBlock) {
+    for (int64_t j0 = 0; j0 < len; j0 += w.kb) {
       const T factor =
-          std::exp(w.block_max[x * key_blocks + j0 / kKeyBlock] - w.row_max[x]) / w.row_sum[x];
-      scale_row(weights + j0, std::min(kKeyBlock, len - j0), factor);
+          std::exp(w.block_max[x * key_blocks + j0 / w.kb] - w.row_max[x]) / w.row_sum[x];
+      scale_row(weights + j0, std::min(w.kb, len - j0), factor);
     }
     std::fill(weights + len, weights + s.m, T(0));
   }
@@ -141,7 +142,7 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
                       int64_t rows, int64_t g, int64_t j0) {
   constexpr int64_t W = kTileCols<T>;
   const Dims& s = a.s;
-  const int64_t kc = std::min(kKeyBlock, w.longest[g] - j0);
+  const int64_t kc = std::min(w.kb, w.longest[g] - j0);
   T* acc_block = accumulator(a, w, b, i0, g);
   gemm<T>(rows, div_up(kc, W), s.d, a.q + (b * s.n + i0) * s.d, s.d, w.kp.get(), W, s.d * W,
           w.scores.data(), w.kb, /*accumulate=*/false);
@@ -160,7 +161,7 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
     w.row_max[x] = new_max;
     if (a.weights != nullptr) {
       std::memcpy(a.weights + (b * s.n + i0 + r) * s.m + j0, row, valid * sizeof(T));
-      w.block_max[x * div_up(s.m, kKeyBlock) + j0 / kKeyBlock] = new_max;
+      w.block_max[x * div_up(s.m, w.kb) + j0 / w.kb] = new_max;
     }
     if (correction != T(1)) {
       T* acc = acc_block + r * a.ldv;
@@ -193,8 +194,8 @@ void forward_group(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
                 -std::numeric_limits<T>::infinity());
     std::fill_n(w.row_sum.begin() + g * kQueryBlock, kQueryBlock, T(0));
   }
-  for (int64_t j0 = 0; j0 < group_longest; j0 += kKeyBlock) {
-    pack_transposed(a.k + (b * s.m + j0) * s.d, std::min(kKeyBlock, group_longest - j0), s.d,
+  for (int64_t j0 = 0; j0 < group_longest; j0 += w.kb) {
+    pack_transposed(a.k + (b * s.m + j0) * s.d, std::min(w.kb, group_longest - j0), s.d,
                     w.kp.get());
     for (int64_t g = 0; g < count; ++g) {
       if (w.longest[g] > j0)
@@ -243,9 +244,9 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     longest_any = std::max(longest_any, longest);
     costs[t] = rows * (longest + 16);
   }
+  const int64_t kb = forward_key_block<T>(longest_any);
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    ForwardScratch<T> scratch(s, vp.ld, args.weights != nullptr ? div_up(s.m, kKeyBlock) : 0,
-                              longest_any);
+    ForwardScratch<T> scratch(s, vp.ld, kb, args.weights != nullptr ? div_up(s.m, kb) : 0);
     for (int64_t t = t0; t < t1;) {
       const int64_t b = t / blocks, first = t % blocks;
       const int64_t count = std::min({kGroupBlocks, t1 - t, blocks - first});
@@ -268,8 +269,8 @@ void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorB
 template <typename T>
 struct BackwardArgs {
   Dims s;
-  const T *q, *k, *v, *dout, *lse, *delta;  // delta = rowsum(dO ∘ O)
-  const T *qpad, *kpad, *dopad;             // rows padded to ldq / ldq / ldv
+  const T *q, *k, *v, *out, *dout, *lse;
+  const T *qpad, *kpad, *dopad;  // rows padded to ldq / ldq / ldv
   int64_t ldq, ldv;
   RowLengths lens;
   T scale;
@@ -281,28 +282,39 @@ constexpr int64_t kDqLocks = 64;
 
 template <typename T>
 struct BackwardScratch {
-  int64_t kb;  // the row stride of p and dp: a key block, or fewer keys if no row has more
-  // p, then dSᵀ once Pᵀ is in pt; dk and dv only where the outputs' rows are
-  // not whole tiles (else the task accumulates in its rows of the outputs).
-  std::vector<T> p, dp, pt, dk, dv, dq;
+  int64_t kb;  // the call's key block (backward_key_block), the row stride of p and dp
+  // p and dp, then dS in dp's place; dk, dv and dq only where the outputs'
+  // rows are not whole tiles (else the products accumulate in the outputs).
+  std::vector<T> p, dp, dk, dv, dq, delta;
   T *dk_rows = nullptr, *dv_rows = nullptr;  // where the current key block accumulates
   std::vector<int64_t> len;
   // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
   // one task, so nothing is packed twice).
   std::unique_ptr<T[]> kp, vtp;
 
-  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv, int64_t longest)
-      : kb(key_capacity<T>(longest)),
+  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv, int64_t kb)
+      : kb(kb),
         p(kQueryBlock * kb),
         dp(kQueryBlock * kb),
-        pt(kb * kQueryBlock),
         dk(ldq == s.d ? 0 : kb * ldq),
         dv(ldv == s.dv ? 0 : kb * ldv),
-        dq(kQueryBlock * ldq),
+        dq(ldq == s.d ? 0 : kQueryBlock * ldq),
+        delta(kQueryBlock),
         len(kQueryBlock),
         kp(uninitialized_buffer<T>(kb * s.d)),
         vtp(uninitialized_buffer<T>(kb * s.dv)) {}
 };
+
+// x · y over n elements.
+template <typename T>
+T dot(const T* x, const T* y, int64_t n) {
+  using V = Vectorized<T>;
+  V acc(T(0));
+  int64_t c = 0;
+  for (; c + V::size() <= n; c += V::size()) acc = at::vec::fmadd(V::loadu(x + c), V::loadu(y + c), acc);
+  if (c < n) acc = at::vec::fmadd(V::loadu(x + c, n - c), V::loadu(y + c, n - c), acc);
+  return horizontal_sum(acc);
+}
 
 // One query block's contribution to key block [j0, j0 + kc) of batch entry b.
 template <typename T>
@@ -322,9 +334,10 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
     T* ds = w.dp.data() + r * w.kb;
     const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
     exp_row(p, valid, kc, a.scale, a.lse[row0 + r]);
-    // dS = scale · P ∘ (dP - delta) on the valid keys and exactly 0 past
-    // them, where dP may hold anything that padding values produce.
-    const V delta(a.delta[row0 + r]);
+    // dS = scale · P ∘ (dP - D) on the valid keys, D = rowsum(dO ∘ O), and
+    // exactly 0 past them, where dP may hold anything that padding values
+    // produce.
+    const V delta(w.delta[r]);
     int64_t j = 0;
     for (; j + V::size() <= valid; j += V::size()) {
       (vscale * V::loadu(p + j) * (V::loadu(ds + j) - delta)).store(ds + j);
@@ -336,19 +349,22 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
     }
     if (j < kc) std::fill(ds + j, ds + kc, T(0));
   }
-  transpose(rows, kc, w.p.data(), w.kb, w.pt.data(), kQueryBlock);
-  T* dst = w.p.data();  // P is in pt now
-  transpose(rows, kc, w.dp.data(), w.kb, dst, kQueryBlock);
-  gemm<T>(kc, a.ldv / W, rows, w.pt.data(), kQueryBlock, a.dopad + row0 * a.ldv, a.ldv, W,
-          w.dv_rows, a.ldv, true);
-  gemm<T>(kc, a.ldq / W, rows, dst, kQueryBlock, a.qpad + row0 * a.ldq, a.ldq, W, w.dk_rows, a.ldq,
-          true);
-  // This pair's share of dQ, added to the query block's rows under their
-  // lock: no per-thread copy of dQ.
-  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, a.kpad + (b * s.m + j0) * a.ldq, a.ldq, W,
-          w.dq.data(), a.ldq, false);
-  const int64_t query_block = b * div_up(s.n, kQueryBlock) + i0 / kQueryBlock;
-  std::lock_guard<std::mutex> guard(a.dq_locks[query_block % kDqLocks]);
+  // dV += Pᵀ dO and dK += dSᵀ Q, reading P and dS transposed.
+  gemm<T, true>(kc, a.ldv / W, rows, w.p.data(), w.kb, a.dopad + row0 * a.ldv, a.ldv, W,
+                w.dv_rows, a.ldv, true);
+  gemm<T, true>(kc, a.ldq / W, rows, w.dp.data(), w.kb, a.qpad + row0 * a.ldq, a.ldq, W,
+                w.dk_rows, a.ldq, true);
+  // dQ += dS K into the query block's rows under their lock: no per-thread
+  // copy of dQ (nor a share of it, where its rows are whole tiles).
+  const T* kpad = a.kpad + (b * s.m + j0) * a.ldq;
+  std::mutex& lock = a.dq_locks[(b * div_up(s.n, kQueryBlock) + i0 / kQueryBlock) % kDqLocks];
+  if (w.dq.empty()) {
+    std::lock_guard<std::mutex> guard(lock);
+    gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, kpad, a.ldq, W, a.dq + row0 * s.d, s.d, true);
+    return;
+  }
+  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, kpad, a.ldq, W, w.dq.data(), a.ldq, false);
+  std::lock_guard<std::mutex> guard(lock);
   for (int64_t r = 0; r < rows; ++r) {
     T* dq = a.dq + (row0 + r) * s.d;
     const T* share = w.dq.data() + r * a.ldq;
@@ -357,6 +373,8 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
 }
 
 // dK and dV of key block [j0, j0 + kc) of batch entry b, and its share of dQ.
+// Each key block starts at a different query block, so that threads working
+// on one batch entry seldom wait for the same lock of dQ.
 template <typename T>
 void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
                     int64_t kc) {
@@ -367,14 +385,21 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
   w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();
   std::fill_n(w.dk_rows, kc * a.ldq, T(0));
   std::fill_n(w.dv_rows, kc * a.ldv, T(0));
-  for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
+  const int64_t blocks = div_up(s.n, kQueryBlock);
+  for (int64_t q = 0; q < blocks; ++q) {
+    const int64_t i0 = (j0 / w.kb + q) % blocks * kQueryBlock;
     const int64_t rows = std::min(kQueryBlock, s.n - i0);
     int64_t longest = 0;
     for (int64_t r = 0; r < rows; ++r) {
       w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
       longest = std::max(longest, w.len[r]);
     }
-    if (longest > j0) backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
+    if (longest <= j0) continue;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = b * s.n + i0 + r;
+      w.delta[r] = dot(a.dout + i * s.dv, a.out + i * s.dv, s.dv);
+    }
+    backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
   }
   for (int64_t j = 0; j < kc; ++j) {
     if (!w.dk.empty()) {
@@ -394,22 +419,16 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   const Dims s = dims_of(q, v);
   const T *qd = q.data_ptr<T>(), *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
   const T *od = out.data_ptr<T>(), *dod = dout.data_ptr<T>();
-  const auto delta = uninitialized_buffer<T>(s.B * s.n);
   const RowLengths row_lens = row_lengths(lens, s.n);
   // Keys at or past a batch entry's longest length get no gradient.
   std::vector<int64_t> batch_longest(s.B);
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   T *dqd = dq.data_ptr<T>(), *dkd = dk.data_ptr<T>(), *dvd = dv.data_ptr<T>();
-  // Delta and the zeros of the gradients, in parallel: dq (which the tasks
-  // add their shares to) and the rows of dk and dv past each batch entry's
-  // longest length (the tasks write the rows below it).
+  // The zeros of the gradients, in parallel: dq (which the tasks add their
+  // shares to) and the rows of dk and dv past each batch entry's longest
+  // length (the tasks write the rows below it).
   at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      for (int64_t i = b * s.n; i < (b + 1) * s.n; ++i) {
-        T sum = 0;
-        for (int64_t c = 0; c < s.dv; ++c) sum += dod[i * s.dv + c] * od[i * s.dv + c];
-        delta[i] = sum;
-      }
       std::fill_n(dqd + b * s.n * s.d, s.n * s.d, T(0));
       const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
       std::fill(dkd + from * s.d, dkd + to * s.d, T(0));
@@ -418,10 +437,13 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   });
   const Padded<T> qpad(qd, s.B * s.n, s.d), kpad(kd, s.B * s.m, s.d), dopad(dod, s.B * s.n, s.dv);
   std::array<std::mutex, kDqLocks> dq_locks;
-  const BackwardArgs<T> args{
-      s,           qd,        kd,        vd,         dod,     lse.data_ptr<T>(),
-      delta.get(), qpad.data, kpad.data, dopad.data, qpad.ld, dopad.ld,
-      row_lens,    T(scale),  dqd,       dkd,        dvd,     dq_locks.data()};
+  const BackwardArgs<T> args{s,         qd,        kd,         vd,      od,       dod,
+                             lse.data_ptr<T>(),    qpad.data,  kpad.data, dopad.data,
+                             qpad.ld,   dopad.ld,  row_lens,   T(scale), dqd,     dkd,
+                             dvd,       dq_locks.data()};
+  const int64_t longest =
+      batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
+  const int64_t kb = backward_key_block<T>(longest);
   // Tasks: the key blocks of each batch entry below its longest length, at a
   // cost of the rows and keys their query blocks visit.
   std::vector<int64_t> task_b, task_j0, costs;
@@ -430,24 +452,21 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
       block_longest.push_back(longest_length(args.lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
     }
-    const int64_t longest = *std::max_element(block_longest.begin(), block_longest.end());
-    for (int64_t j0 = 0; j0 < longest; j0 += kKeyBlock) {
+    for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
       int64_t cost = 16;
-      for (size_t qb = 0; qb < block_longest.size(); ++qb) {
-        cost += kQueryBlock * std::clamp<int64_t>(block_longest[qb] - j0, 0, kKeyBlock);
+      for (const int64_t block : block_longest) {
+        cost += kQueryBlock * std::clamp<int64_t>(block - j0, 0, kb);
       }
       task_b.push_back(b);
       task_j0.push_back(j0);
       costs.push_back(cost);
     }
   }
-  const int64_t longest =
-      batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld, longest);
+    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld, kb);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = task_b[t], j0 = task_j0[t];
-      backward_block(args, scratch, b, j0, std::min(kKeyBlock, batch_longest[b] - j0));
+      backward_block(args, scratch, b, j0, std::min(kb, batch_longest[b] - j0));
     }
   });
 }

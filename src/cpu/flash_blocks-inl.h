@@ -21,17 +21,32 @@ namespace CPU_CAPABILITY {
 namespace {
 
 constexpr int64_t kQueryBlock = 48;  // a multiple of kTileRows
-// A multiple of every kTileCols (at most 32 floats with AVX-512).
+// The largest key block: a multiple of every kTileCols (at most 32 floats
+// with AVX-512).
 constexpr int64_t kKeyBlock = 256;
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Columns of a block of scores: a key block, or the longest valid length
-// rounded up to whole tiles where that is shorter (short sequences need no
-// 256-key rows).
+// The forward's key block: kKeyBlock, or the longest valid length in whole
+// tiles where that is shorter (short sequences need no 256-key rows). Its
+// per-row bookkeeping (a maximum, a correction of the output row) is paid
+// once per key block, so the forward wants long blocks.
 template <typename T>
-int64_t key_capacity(int64_t longest) {
+int64_t forward_key_block(int64_t longest) {
   return std::clamp<int64_t>(round_up_to_tile<T>(longest), kTileCols<T>, kKeyBlock);
+}
+
+// The backward's key block: a quarter of the longest valid length, in whole
+// tiles, from one tile up to kKeyBlock. A thread's scratch (P and dP, and the
+// block's packed Kᵀ and Vᵀ) grows with the block, so short sequences get
+// short blocks: at 128 keys and d = 64 one 128-key block held about 110 KiB
+// a thread, 4 blocks of 32 keys hold 28 KiB (SDPA's own is about 30 KiB
+// there; its BLAS packs in buffers it keeps for the process), and were no
+// slower (the backward has no per-row bookkeeping per block). From 1024 keys
+// the block is kKeyBlock.
+template <typename T>
+int64_t backward_key_block(int64_t longest) {
+  return std::clamp<int64_t>(round_up_to_tile<T>(div_up(longest, 4)), kTileCols<T>, kKeyBlock);
 }
 
 // n elements left uninitialized, for buffers that a parallel pass writes in
@@ -83,7 +98,7 @@ struct Padded {
 };
 
 // s[0:valid] = exp(scale·s - shift) and s[valid:kc] = 0; returns the sum.
-// Rows hold whole vectors up to kKeyBlock, so every load is a whole one.
+// Rows are whole tiles long (at least kc), so every load is a whole one.
 template <typename T>
 T exp_row(T* s, int64_t valid, int64_t kc, T scale, T shift) {
   using V = Vectorized<T>;

@@ -8,7 +8,9 @@
 // spawns its own threads from inside ours), so the products are written here
 // with Vectorized<T> register tiles.
 //
-// Layout: A is row-major (rows × K, row stride lda). B is a sequence of
+// Layout: A is row-major (rows × K, row stride lda), or with kTransA its
+// transpose is (K × rows, row stride lda): the backward multiplies by Pᵀ and
+// dSᵀ straight from P and dS, with no transposed copy. B is a sequence of
 // column tiles, each kTileCols<T> columns wide and row-major (K × tile, row
 // stride ldb); tile t starts at B + t * b_tile_stride. That covers both a
 // row-major matrix whose width is a multiple of the tile (b_tile_stride =
@@ -40,14 +42,17 @@ constexpr int64_t round_up_to_tile(int64_t x) {
 }
 
 // C[0:6, 0:tile] (= or +=) A[0:6, 0:K] · B[0:K, 0:tile], with the six rows of
-// A and C given as pointers: a block with fewer rows points the missing ones
-// at a real row of A and at a scratch row of C. The twelve accumulators are
+// A and C given as pointers (row r of A: a[r][k · step], step 1 unless A is
+// read transposed): a block with fewer rows points the missing ones at a real
+// row of A and at a scratch row of C. The twelve accumulators are
 // named variables, not an array: GCC keeps an array of Vectorized in
 // registers with one LibTorch's headers and spills it to the stack on every
 // iteration with another's (measured: 2× slower on 2.11).
-template <typename T>
-inline void gemm_tile(int64_t K, const T* const* a, const T* B, int64_t ldb, T* const* c,
-                      bool accumulate) {
+template <typename T, bool kTransA>
+inline void gemm_tile(int64_t K, const T* const* a, int64_t a_step, const T* B, int64_t ldb,
+                      T* const* c, bool accumulate) {
+  // A compile-time 1 for the common case, so its loads stay a plain a[k].
+  const int64_t step = kTransA ? a_step : 1;
   using V = at::vec::Vectorized<T>;
   constexpr int64_t S = V::size();
   auto init = [&](int r, int half) {
@@ -60,22 +65,23 @@ inline void gemm_tile(int64_t K, const T* const* a, const T* B, int64_t ldb, T* 
   for (int64_t k = 0; k < K; ++k) {
     const V b0 = V::loadu(B + k * ldb);
     const V b1 = V::loadu(B + k * ldb + S);
-    V x(a0[k]);
+    const int64_t ak = k * step;
+    V x(a0[ak]);
     c00 = at::vec::fmadd(x, b0, c00);
     c01 = at::vec::fmadd(x, b1, c01);
-    x = V(a1[k]);
+    x = V(a1[ak]);
     c10 = at::vec::fmadd(x, b0, c10);
     c11 = at::vec::fmadd(x, b1, c11);
-    x = V(a2[k]);
+    x = V(a2[ak]);
     c20 = at::vec::fmadd(x, b0, c20);
     c21 = at::vec::fmadd(x, b1, c21);
-    x = V(a3[k]);
+    x = V(a3[ak]);
     c30 = at::vec::fmadd(x, b0, c30);
     c31 = at::vec::fmadd(x, b1, c31);
-    x = V(a4[k]);
+    x = V(a4[ak]);
     c40 = at::vec::fmadd(x, b0, c40);
     c41 = at::vec::fmadd(x, b1, c41);
-    x = V(a5[k]);
+    x = V(a5[ak]);
     c50 = at::vec::fmadd(x, b0, c50);
     c51 = at::vec::fmadd(x, b1, c51);
   }
@@ -93,11 +99,13 @@ inline void gemm_tile(int64_t K, const T* const* a, const T* B, int64_t ldb, T* 
   c51.store(c[5] + S);
 }
 
-/// C[0:rows, 0:tiles·kTileCols] (= or +=) A[0:rows, 0:K] · B (layout above).
-template <typename T>
+/// C[0:rows, 0:tiles·kTileCols] (= or +=) A[0:rows, 0:K] · B (layout above;
+/// with kTransA, A's element (i, k) is at A[k · lda + i]).
+template <typename T, bool kTransA = false>
 void gemm(int64_t rows, int64_t tiles, int64_t K, const T* A, int64_t lda, const T* B,
           int64_t ldb, int64_t b_tile_stride, T* C, int64_t ldc, bool accumulate) {
   constexpr int64_t W = kTileCols<T>;
+  const int64_t row_stride = kTransA ? 1 : lda;
   // Where the missing rows of a last, partial block of rows write.
   alignas(64) T spare[kTileRows][W];
   const T* a[kTileRows];
@@ -107,23 +115,11 @@ void gemm(int64_t rows, int64_t tiles, int64_t K, const T* A, int64_t lda, const
     for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
       for (int64_t r = 0; r < kTileRows; ++r) {
         const bool real = r0 + r < rows;
-        a[r] = A + (real ? r0 + r : r0) * lda;
+        a[r] = A + (real ? r0 + r : r0) * row_stride;
         c[r] = real ? C + (r0 + r) * ldc + t * W : spare[r];
         if (!real && accumulate) std::fill(spare[r], spare[r] + W, T(0));
       }
-      gemm_tile<T>(K, a, B + t * b_tile_stride, ldb, c, accumulate);
-    }
-  }
-}
-
-/// dst (cols × rows, row stride ldd) = srcᵀ for src (rows × cols, row stride lds).
-template <typename T>
-void transpose(int64_t rows, int64_t cols, const T* src, int64_t lds, T* dst, int64_t ldd) {
-  constexpr int64_t kBlock = 8;
-  for (int64_t i0 = 0; i0 < rows; i0 += kBlock) {
-    const int64_t i1 = std::min(rows, i0 + kBlock);
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j];
+      gemm_tile<T, kTransA>(K, a, lda, B + t * b_tile_stride, ldb, c, accumulate);
     }
   }
 }
