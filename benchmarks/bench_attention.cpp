@@ -216,6 +216,21 @@ std::map<std::string, CaseFactory> sdpa_cases() {
           [=](const auto& x) { return dot_attention(in, x, path, need_weights); });
     };
   }
+  // The path the flash kernel replaced: bmm, the fused masked-softmax
+  // kernel, bmm, with the (B, n, m) scores and weights in memory. Issue 12's
+  // "at least 2x our own previous path" is measured against it, on 1.13 too.
+  auto unfused = [](const Inputs& in, const std::vector<torch::Tensor>& x) {
+    const auto scores =
+        torch::bmm(x[0], x[1].transpose(1, 2)) / std::sqrt(static_cast<double>(x[0].size(2)));
+    return torch::bmm(d2l::masked_softmax(scores, in.lens, d2l::Path::kFused), x[2]);
+  };
+  c["dot_unfused_fwd"] = [=](const Shape&, const Inputs& in) {
+    return forward_only([=] { return unfused(in, {in.queries, in.keys, in.values}); });
+  };
+  c["dot_unfused_fwdbwd"] = [=](const Shape&, const Inputs& in) {
+    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
+                            [=](const auto& x) { return unfused(in, x); });
+  };
 #if D2L_HAS_SDPA
   auto sdpa = [](const Inputs& in, const std::vector<torch::Tensor>& x) {
     std::optional<torch::Tensor> mask;

@@ -5,7 +5,8 @@
 
 Reads Google Benchmark JSON from bench_attention's `sdpa*` shapes (names
 `<case>/<shape>/threads:<N>`, cases dot_fused_noweights_* (the flash kernel), dot_fused_weights_*
-(the same with the (B, n, m) weights written and returned) and sdpa_*), takes the
+(the same with the (B, n, m) weights written and returned), dot_unfused_* (bmm, the fused
+masked-softmax kernel, bmm: the path the flash kernel replaced) and sdpa_*), takes the
 median aggregate (or the median of the iteration rows), and prints per shape and thread count the
 medians and the ratios against SDPA measured in the same process, and each one's peak memory over one
 call: the heap's high-water mark above its level at the call's start (`peak_heap_delta_bytes`,
@@ -20,7 +21,7 @@ import sys
 from collections import defaultdict
 
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-CASES = ["dot_fused_noweights", "sdpa", "dot_fused_weights"]
+CASES = ["dot_fused_noweights", "sdpa", "dot_fused_weights", "dot_unfused"]
 
 
 def read(paths):
@@ -64,13 +65,14 @@ def main(paths):
                     key=lambda s: (s.endswith("full"), int(s[4:].removesuffix("full"))))
     threads = sorted({k[2] for k in medians})
     print("| threads | shape | pass | flash | SDPA | flash / SDPA | with weights | "
-          f"its time / flash | peak {kind} Δ flash | peak {kind} Δ SDPA |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "its time / flash | bmm + softmax + bmm | its time / flash | "
+          f"peak {kind} Δ flash | peak {kind} Δ SDPA |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for t in threads:
         for shape in shapes:
             for pass_ in ("fwd", "fwdbwd"):
                 get = lambda case: medians.get((f"{case}_{pass_}", shape, t))
-                flash, sdpa, softmax = (get(c) for c in CASES)
+                flash, sdpa, softmax, unfused = (get(c) for c in CASES)
                 if flash is None:
                     continue
                 peak = lambda case: peaks.get((f"{case}_{pass_}", shape, t))
@@ -80,6 +82,8 @@ def main(paths):
                          f"{flash / sdpa:.2f}×" if sdpa else "—",
                          fmt_time(softmax) if softmax else "—",
                          f"{softmax / flash:.2f}×" if softmax else "—",
+                         fmt_time(unfused) if unfused else "—",
+                         f"{unfused / flash:.2f}×" if unfused else "—",
                          fmt_bytes(pf) if pf is not None else "—",
                          fmt_bytes(ps) if ps is not None else "—"]
                 print("| " + " | ".join(cells) + " |")

@@ -243,16 +243,19 @@ def new_store_with(rows):
 
 
 class SdpaTableTest(unittest.TestCase):
-    def render(self, heap):
+    def render(self, heap, unfused=True):
         def rows(case, ms, rss, heap_bytes):
             out = gbench_rows(f"{case}/sdpa512/threads:2", [ms, ms + 1, ms + 2], peak=rss)
             if heap:
                 for r in out:
                     r["peak_heap_delta_bytes"] = heap_bytes
             return out
-        doc = gbench_doc(rows("dot_fused_noweights_fwd", 2.0, 0, 3 * MiB),
-                         rows("sdpa_fwd", 4.0, MiB, 2 * MiB),
-                         rows("dot_fused_weights_fwd", 8.0, 0, 9 * MiB))
+        cases = [rows("dot_fused_noweights_fwd", 2.0, 0, 3 * MiB),
+                 rows("sdpa_fwd", 4.0, MiB, 2 * MiB),
+                 rows("dot_fused_weights_fwd", 8.0, 0, 9 * MiB)]
+        if unfused:
+            cases.append(rows("dot_unfused_fwd", 11.0, 0, 12 * MiB))
+        doc = gbench_doc(*cases)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "sdpa.json")
             with open(path, "w") as f:
@@ -265,8 +268,12 @@ class SdpaTableTest(unittest.TestCase):
     def test_medians_ratios_and_exact_heap_peaks(self):
         text = self.render(heap=True)
         self.assertIn("peak heap Δ flash | peak heap Δ SDPA |", text)
-        self.assertIn("| 2 | sdpa512 | fwd | 3.00 ms | 5.00 ms | 0.60× | 9.00 ms | 3.00× | 3.0 MiB | 2.0 MiB |",
-                      text)
+        self.assertIn("| 2 | sdpa512 | fwd | 3.00 ms | 5.00 ms | 0.60× | 9.00 ms | 3.00× | 12.00 ms | "
+                      "4.00× | 3.0 MiB | 2.0 MiB |", text)
+
+    def test_dashes_where_a_case_did_not_run(self):
+        text = self.render(heap=True, unfused=False)
+        self.assertIn("| 9.00 ms | 3.00× | — | — | 3.0 MiB |", text)
 
     def test_resident_set_where_no_heap_counters(self):
         text = self.render(heap=False)
