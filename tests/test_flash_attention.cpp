@@ -156,12 +156,13 @@ TEST_P(Flash, WideScoresMatchComposite) {
   }
 }
 
-// The forward walks the keys with groups of up to 8 query blocks of 48 rows
-// at once (Note [Flash attention]): 10 blocks make a group of 8 and one of 2
-// on one thread, and other cuts where two threads split the work; the blocks
-// of a group reach different lengths. With and without weights; features
-// of 5 and 8 (accumulated in scratch) and 64 (in the outputs themselves).
-TEST_P(Flash, GroupsOfQueryBlocksMatchComposite) {
+// Many query blocks (of one register tile of rows in the forward, 48 rows in
+// the backward; Note [Flash attention]), a last partial one, cut differently
+// where two threads split the work, with lengths that grow down the rows so
+// that every block reaches a different length and masks inside its key
+// blocks. With and without weights; features of 5 and 8 (accumulated in
+// scratch in the backward) and 64 (in the outputs themselves).
+TEST_P(Flash, ManyQueryBlocksOfGrowingLengthsMatchComposite) {
   torch::manual_seed(29);
   const int64_t B = 2, n = 8 * 48 + 50, m = 300;
   for (const auto [d, dv] : {std::pair<int64_t, int64_t>{8, 5}, {64, 64}}) {

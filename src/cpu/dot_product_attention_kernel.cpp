@@ -21,42 +21,43 @@
 #include "cpu/vec_helpers-inl.h"
 
 // Note [Flash attention]
-// The forward pass takes a block of kQueryBlock query rows of one batch entry
-// and walks the keys in key blocks (up to kKeyBlock: forward_key_block), as
-// FlashAttention does: the block's
-// scores S = Q Kᵀ (gemm-inl.h), a running row maximum and sum, and the
-// output accumulated as Σ exp(scale·S - max) V, rescaled whenever the
-// maximum grows. Only keys below the longest valid length among the block's
+// The forward pass takes a block of W = kTileCols query rows of one batch
+// entry (32 floats with AVX-512) and walks the keys in key blocks
+// (key_block_size), as FlashAttention does: the block's scores, a running
+// maximum and sum per query, and the output accumulated as
+// Σ exp(scale·S - max) V, rescaled whenever a maximum grows. It holds the
+// block transposed, queries as columns: Sᵀ = K Qᵀ (gemm-inl.h) with Qᵀ
+// packed once per block, Oᵀ += Vᵀ Pᵀ with V read transposed in place, and
+// every maximum, sum and correction is a whole vector of queries (no scalar
+// exp per row). Only keys below the longest valid length among the block's
 // rows are visited: with lengths (B) a whole batch entry stops at its
 // length, so padding costs nothing, where SDPA's mask still computes it.
-// Inside a visited block, a row's entries past its own length are set to
-// exactly 0 before they meet V, so nothing stored in padding (inf, NaN) can
-// reach an output. The pass keeps lse = max + log(sum) per row.
+// Inside a visited block, a query's entries past its own length are -inf
+// before the maximum and exactly 0 after the exponential, so nothing stored
+// in padding (inf, NaN) can reach an output. The pass keeps
+// lse = max + log(sum) per row.
 //
 // The backward pass recomputes P = exp(scale·S - lse) block by block and is
 // parallel over (batch entry, key block): each task owns its rows of dK and
-// dV, and adds each query block's share of dQ to dQ under that block's lock
-// (one of 64, by block index). D = rowsum(dO ∘ O), computed per query block
-// where it is used, replaces the row sums of dP ∘ P. Pᵀ dO and dSᵀ Q read P
-// and dS transposed in place.
+// dV, and adds each query block's (kQueryBlock rows) share of dQ to dQ under
+// that block's lock (one of 64, by block index). D = rowsum(dO ∘ O), computed
+// per query block where it is used, replaces the row sums of dP ∘ P. Pᵀ dO
+// and dSᵀ Q read P and dS transposed in place.
 //
 // Work is split into one run of tasks per thread, of about equal cost (rows
 // times visited keys): with random lengths, equal numbers of tasks would
 // leave one thread with most of the keys. Operands are packed so that every
-// vector load in the products is a whole, contiguous one: Kᵀ (and Vᵀ) in
-// panels of one register tile of keys, and Q, K, V, dO with their feature
-// dimension padded to whole tiles (copies only where it is not already). The
-// panels are packed where they are used, not for the whole call: in the
-// forward, groups of up to kGroupBlocks query blocks of one batch entry walk
-// the keys together, and each key block is packed once per group; in the
-// backward each task packs its own key block. Beyond its outputs and lse, a
-// call holds per thread one key block's operands and one block of scores (or
-// P and dP): never (B, n, m), nor a packed copy of all of K and V, nor a
-// per-thread copy of dQ, nor a (B, n) buffer of D (these put the kernel's
-// peak memory at up to three times SDPA's). Where a feature dimension is a
-// whole number of register tiles (d = 64, say), the forward accumulates in
-// its output rows and the backward in its rows of dK, dV and dQ; otherwise
-// in per-thread scratch.
+// vector load in the products is a whole, contiguous one: Qᵀ of a query
+// block in the forward, Kᵀ and Vᵀ of a key block in the backward, in panels
+// of one register tile, and in the backward Q, K and dO with their feature
+// dimension padded to whole tiles (copies only where it is not already).
+// Beyond its outputs and lse, a call holds per thread one block's packed
+// operands and one block of scores (or P and dP): never (B, n, m), nor a
+// packed copy of all of K and V, nor a per-thread copy of dQ, nor a (B, n)
+// buffer of D (these put the kernel's peak memory at up to three times
+// SDPA's). Where a feature dimension is a whole number of register tiles
+// (d = 64, say), the backward accumulates in its rows of dK, dV and dQ;
+// otherwise in per-thread scratch.
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -67,191 +68,211 @@ namespace {
 template <typename T>
 struct ForwardArgs {
   Dims s;
-  const T *q, *k, *vp;  // v padded
-  int64_t ldv;
+  const T *q, *k, *v;
   RowLengths lens;
   T scale;
   T *out, *lse;
   T* weights;  // (B, n, m), or null when no weights are asked
+  int64_t kb;  // the key block (key_block_size)
 };
 
-// Up to this many consecutive query blocks of one batch entry walk the keys
-// together: each key block is packed once for the group and meets every
-// block of the group while it is in cache.
-constexpr int64_t kGroupBlocks = 8;
-
-// One thread's state. Row r of the group's block g is row g·kQueryBlock + r
-// of acc, row_max, row_sum, len and block_max.
+// One thread's state for a block of W = kTileCols query rows, held
+// transposed: a query is a column, so the softmax's bookkeeping (maxima,
+// sums, corrections) runs on whole vectors of queries.
 template <typename T>
 struct ForwardScratch {
-  int64_t kb;  // the call's key block (forward_key_block), the score block's row stride
-  std::vector<T> scores, acc, row_max, row_sum;
-  std::vector<T> block_max;  // with weights: the maximum each key block was exponentiated at
-  std::vector<int64_t> len, longest;  // longest: per block of the group
-  std::unique_ptr<T[]> kp;            // Kᵀ of one key block in panels
+  static constexpr int64_t W = kTileCols<T>;
+  std::unique_ptr<T[]> qt;  // Qᵀ of the block (d × W), zero past its rows
+  std::unique_ptr<T[]> st;  // Sᵀ, then Pᵀ, of one key block (kb × W)
+  std::unique_ptr<T[]> ot;  // Oᵀ accumulated (dv × W)
+  alignas(64) T limit[W];   // per query: its length, then its valid keys in the key block
+  alignas(64) T row_max[W], row_sum[W];
+  std::vector<int64_t> len;
+  std::vector<T> block_max;  // with weights: each key block's maximum, per query
 
-  ForwardScratch(const Dims& s, int64_t ldv, int64_t kb, int64_t key_blocks)
-      : kb(kb),
-        scores(kQueryBlock * kb),
-        acc(ldv == s.dv ? 0 : kGroupBlocks * kQueryBlock * ldv),
-        row_max(kGroupBlocks * kQueryBlock),
-        row_sum(kGroupBlocks * kQueryBlock),
-        block_max(kGroupBlocks * kQueryBlock * key_blocks),
-        len(kGroupBlocks * kQueryBlock),
-        longest(kGroupBlocks),
-        kp(uninitialized_buffer<T>(kb * s.d)) {}
+  ForwardScratch(const Dims& s, int64_t kb, int64_t key_blocks)
+      : qt(uninitialized_buffer<T>(s.d * W)),
+        st(uninitialized_buffer<T>(kb * W)),
+        ot(uninitialized_buffer<T>(s.dv * W)),
+        len(W),
+        block_max(W * key_blocks) {}
 };
 
-// Where block g of the group (rows from i0 of batch entry b) accumulates its
-// output, rows ldv apart: in the output itself where its rows are whole
-// tiles, else in the thread's scratch.
+// Sᵀ = K Qᵀ for keys [j0, j0 + kc), their exponentials Pᵀ relative to the
+// running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled
+// where a maximum grew. Entries of keys past a query's length are -inf before
+// the maximum and exactly 0 after the exponential, whatever the padding held.
 template <typename T>
-T* accumulator(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0, int64_t g) {
+void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t j0,
+                      int64_t kc, bool all_valid) {
+  using V = Vectorized<T>;
+  constexpr int64_t S = V::size(), W = ForwardScratch<T>::W;
+  static_assert(W == 2 * S, "a block of queries is two vectors");
   const Dims& s = a.s;
-  return a.ldv == s.dv ? a.out + (b * s.n + i0) * s.dv : w.acc.data() + g * kQueryBlock * a.ldv;
+  T* st = w.st.get();
+  gemm<T>(kc, 1, s.d, a.k + (b * s.m + j0) * s.d, s.d, w.qt.get(), W, 0, st, W, false);
+  const V minus_inf(-std::numeric_limits<T>::infinity()), vscale(a.scale);
+  V max0 = minus_inf, max1 = minus_inf;
+  if (all_valid) {
+    for (int64_t j = 0; j < kc; ++j) {
+      max0 = at::vec::maximum(max0, V::loadu(st + j * W));
+      max1 = at::vec::maximum(max1, V::loadu(st + j * W + S));
+    }
+  } else {
+    // Keys valid for each query in this block: clamp(len - j0, 0, kc), exact in T.
+    const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
+    for (int64_t j = 0; j < kc; ++j) {
+      const V key(static_cast<T>(j));
+      const V x0 = V::blendv(minus_inf, V::loadu(st + j * W), key < lim0);
+      const V x1 = V::blendv(minus_inf, V::loadu(st + j * W + S), key < lim1);
+      x0.store(st + j * W);
+      x1.store(st + j * W + S);
+      max0 = at::vec::maximum(max0, x0);
+      max1 = at::vec::maximum(max1, x1);
+    }
+  }
+  const V old0 = V::loadu(w.row_max), old1 = V::loadu(w.row_max + S);
+  const V new0 = at::vec::maximum(old0, max0 * vscale), new1 = at::vec::maximum(old1, max1 * vscale);
+  // A query with no valid key so far keeps -inf and shifts by 0 (its
+  // entries are -inf, so their exponentials are 0); an unchanged maximum
+  // (-inf included) corrects by exactly 1.
+  const V zero(T(0)), one(T(1));
+  const V shift0 = V::blendv(new0, zero, new0 == minus_inf);
+  const V shift1 = V::blendv(new1, zero, new1 == minus_inf);
+  const V corr0 = V::blendv(softmax_exp(old0 - shift0), one, old0 == new0);
+  const V corr1 = V::blendv(softmax_exp(old1 - shift1), one, old1 == new1);
+  V sum0 = zero, sum1 = zero;
+  for (int64_t j = 0; j < kc; ++j) {
+    const V p0 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W), vscale, zero - shift0));
+    const V p1 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W + S), vscale, zero - shift1));
+    p0.store(st + j * W);
+    p1.store(st + j * W + S);
+    sum0 = sum0 + p0;
+    sum1 = sum1 + p1;
+  }
+  at::vec::fmadd(V::loadu(w.row_sum), corr0, sum0).store(w.row_sum);
+  at::vec::fmadd(V::loadu(w.row_sum + S), corr1, sum1).store(w.row_sum + S);
+  new0.store(w.row_max);
+  new1.store(w.row_max + S);
+  T* ot = w.ot.get();
+  for (int64_t c = 0; c < s.dv; ++c) {
+    (V::loadu(ot + c * W) * corr0).store(ot + c * W);
+    (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
+  }
+  // Oᵀ += Vᵀ Pᵀ: V's rows read transposed, Pᵀ one tile of queries wide.
+  gemm<T, true>(s.dv, 1, kc, a.v + (b * s.m + j0) * s.dv, s.dv, st, W, 0, ot, W, true);
 }
 
 // With weights, a key block's exponentials go out as they are made, relative
-// to the row maximum at the time; once the row's final maximum and sum are
+// to the query's maximum at the time; once its final maximum and sum are
 // known, each block is rescaled by exp(block max - max) / sum, and the keys
-// past the row's length are zeroed. The weights are the only (B, n, m)
-// memory, written once and rescaled while they are in cache.
+// past its length are zeroed. The weights are the only (B, n, m) memory.
+template <typename T>
+void write_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t kc) {
+  constexpr int64_t W = ForwardScratch<T>::W;
+  const Dims& s = a.s;
+  const T* st = w.st.get();
+  for (int64_t c = 0; c < rows; ++c) {
+    T* weights = a.weights + (b * s.n + i0 + c) * s.m + j0;
+    for (int64_t j = 0; j < kc; ++j) weights[j] = st[j * W + c];
+  }
+}
+
 template <typename T>
 void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
-                    int64_t rows, int64_t g) {
+                    int64_t rows) {
   const Dims& s = a.s;
-  const int64_t key_blocks = div_up(s.m, w.kb);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t x = g * kQueryBlock + r;
-    T* weights = a.weights + (b * s.n + i0 + r) * s.m;
-    const int64_t len = w.len[x];
-    for (int64_t j0 = 0; j0 < len; j0 += w.kb) {
+  const int64_t key_blocks = div_up(s.m, a.kb);
+  for (int64_t c = 0; c < rows; ++c) {
+    T* weights = a.weights + (b * s.n + i0 + c) * s.m;
+    const int64_t len = w.len[c];
+    for (int64_t j0 = 0; j0 < len; j0 += a.kb) {
       const T factor =
-          std::exp(w.block_max[x * key_blocks + j0 / w.kb] - w.row_max[x]) / w.row_sum[x];
-      scale_row(weights + j0, std::min(w.kb, len - j0), factor);
+          std::exp(w.block_max[c * key_blocks + j0 / a.kb] - w.row_max[c]) / w.row_sum[c];
+      scale_row(weights + j0, std::min(a.kb, len - j0), factor);
     }
     std::fill(weights + len, weights + s.m, T(0));
   }
 }
 
-// Block g of the group (query rows [i0, i0 + rows) of batch entry b) against
-// key block j0, whose Kᵀ is packed in w.kp: scores, the online softmax, and
-// the output accumulated.
+// Query rows [i0, i0 + rows) of batch entry b, rows <= W.
 template <typename T>
-void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
-                      int64_t rows, int64_t g, int64_t j0) {
-  constexpr int64_t W = kTileCols<T>;
+void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
+                   int64_t rows) {
+  constexpr int64_t W = ForwardScratch<T>::W;
   const Dims& s = a.s;
-  const int64_t kc = std::min(w.kb, w.longest[g] - j0);
-  T* acc_block = accumulator(a, w, b, i0, g);
-  gemm<T>(rows, div_up(kc, W), s.d, a.q + (b * s.n + i0) * s.d, s.d, w.kp.get(), W, s.d * W,
-          w.scores.data(), w.kb, /*accumulate=*/false);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t x = g * kQueryBlock + r;
-    T* row = w.scores.data() + r * w.kb;
-    const int64_t valid = std::clamp<int64_t>(w.len[x] - j0, 0, kc);
-    if (valid == 0) {
-      std::fill(row, row + kc, T(0));
-      continue;
+  int64_t longest = 0, shortest = s.m;
+  for (int64_t c = 0; c < W; ++c) {
+    w.len[c] = c < rows ? a.lens.at(b * s.n + i0 + c, s.m) : 0;
+    longest = std::max(longest, w.len[c]);
+    if (c < rows) shortest = std::min(shortest, w.len[c]);
+  }
+  pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
+  std::fill_n(w.ot.get(), s.dv * W, T(0));
+  std::fill_n(w.row_max, W, -std::numeric_limits<T>::infinity());
+  std::fill_n(w.row_sum, W, T(0));
+  const int64_t key_blocks = div_up(s.m, a.kb);
+  for (int64_t j0 = 0; j0 < longest; j0 += a.kb) {
+    const int64_t kc = std::min(a.kb, longest - j0);
+    // Every query of the block sees every key of this one (rows past the
+    // block's end have length 0, so a partial block always masks).
+    const bool all_valid = rows == W && shortest - j0 >= kc;
+    for (int64_t c = 0; c < W; ++c) {
+      w.limit[c] = static_cast<T>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
     }
-    const T old_max = w.row_max[x];
-    const T new_max = std::max(old_max, row_max(row, valid, w.kb) * a.scale);
-    const T correction = old_max == new_max ? T(1) : std::exp(old_max - new_max);
-    w.row_sum[x] = w.row_sum[x] * correction + exp_row(row, valid, kc, a.scale, new_max);
-    w.row_max[x] = new_max;
+    attend_key_block(a, w, b, j0, kc, all_valid);
     if (a.weights != nullptr) {
-      std::memcpy(a.weights + (b * s.n + i0 + r) * s.m + j0, row, valid * sizeof(T));
-      w.block_max[x * div_up(s.m, w.kb) + j0 / w.kb] = new_max;
-    }
-    if (correction != T(1)) {
-      T* acc = acc_block + r * a.ldv;
-      for (int64_t c = 0; c < a.ldv; ++c) acc[c] *= correction;
+      write_weights(a, w, b, i0, rows, j0, kc);
+      for (int64_t c = 0; c < rows; ++c) {
+        w.block_max[c * key_blocks + j0 / a.kb] = w.row_max[c];
+      }
     }
   }
-  gemm<T>(rows, a.ldv / W, kc, w.scores.data(), w.kb, a.vp + (b * s.m + j0) * a.ldv, a.ldv, W,
-          acc_block, a.ldv, /*accumulate=*/true);
-}
-
-// Query blocks [first, first + count) of batch entry b, walking the keys
-// below the group's longest length one key block at a time.
-template <typename T>
-void forward_group(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t first,
-                   int64_t count) {
-  const Dims& s = a.s;
-  auto rows_of = [&](int64_t g) { return std::min(kQueryBlock, s.n - (first + g) * kQueryBlock); };
-  int64_t group_longest = 0;
-  for (int64_t g = 0; g < count; ++g) {
-    const int64_t i0 = (first + g) * kQueryBlock;
-    w.longest[g] = 0;
-    for (int64_t r = 0; r < rows_of(g); ++r) {
-      const int64_t len = a.lens.at(b * s.n + i0 + r, s.m);
-      w.len[g * kQueryBlock + r] = len;
-      w.longest[g] = std::max(w.longest[g], len);
-    }
-    group_longest = std::max(group_longest, w.longest[g]);
-    std::fill_n(accumulator(a, w, b, i0, g), rows_of(g) * a.ldv, T(0));
-    std::fill_n(w.row_max.begin() + g * kQueryBlock, kQueryBlock,
-                -std::numeric_limits<T>::infinity());
-    std::fill_n(w.row_sum.begin() + g * kQueryBlock, kQueryBlock, T(0));
+  const T* ot = w.ot.get();
+  for (int64_t c = 0; c < rows; ++c) {
+    T* out = a.out + (b * s.n + i0 + c) * s.dv;
+    const bool empty = w.len[c] == 0;
+    const T inv = empty ? T(0) : T(1) / w.row_sum[c];
+    for (int64_t f = 0; f < s.dv; ++f) out[f] = ot[f * W + c] * inv;
+    a.lse[b * s.n + i0 + c] =
+        empty ? -std::numeric_limits<T>::infinity() : w.row_max[c] + std::log(w.row_sum[c]);
   }
-  for (int64_t j0 = 0; j0 < group_longest; j0 += w.kb) {
-    pack_transposed(a.k + (b * s.m + j0) * s.d, std::min(w.kb, group_longest - j0), s.d,
-                    w.kp.get());
-    for (int64_t g = 0; g < count; ++g) {
-      if (w.longest[g] > j0)
-        attend_key_block(a, w, b, (first + g) * kQueryBlock, rows_of(g), g, j0);
-    }
-  }
-  for (int64_t g = 0; g < count; ++g) {
-    const int64_t i0 = (first + g) * kQueryBlock;
-    for (int64_t r = 0; r < rows_of(g); ++r) {
-      const int64_t x = g * kQueryBlock + r;
-      T* out = a.out + (b * s.n + i0 + r) * s.dv;
-      const T* acc = accumulator(a, w, b, i0, g) + r * a.ldv;  // may be `out` itself
-      const bool empty = w.len[x] == 0;
-      const T inv = empty ? T(0) : T(1) / w.row_sum[x];
-      for (int64_t c = 0; c < s.dv; ++c) out[c] = empty ? T(0) : acc[c] * inv;
-      a.lse[b * s.n + i0 + r] =
-          empty ? -std::numeric_limits<T>::infinity() : w.row_max[x] + std::log(w.row_sum[x]);
-    }
-    if (a.weights != nullptr) finish_weights(a, w, b, i0, rows_of(g), g);
-  }
+  if (a.weights != nullptr) finish_weights(a, w, b, i0, rows);
 }
 
 template <typename T>
 void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& lse, const at::TensorBase& weights) {
+  constexpr int64_t W = ForwardScratch<T>::W;
   const Dims s = dims_of(q, v);
-  const Padded<T> vp(v.data_ptr<T>(), s.B * s.m, s.dv);
-  const ForwardArgs<T> args{s,
-                            q.data_ptr<T>(),
-                            k.data_ptr<T>(),
-                            vp.data,
-                            vp.ld,
-                            row_lengths(lens, s.n),
-                            T(scale),
-                            out.data_ptr<T>(),
-                            lse.data_ptr<T>(),
-                            weights.defined() ? weights.data_ptr<T>() : nullptr};
-  const int64_t blocks = div_up(s.n, kQueryBlock);
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  const int64_t blocks = div_up(s.n, W);
   std::vector<int64_t> costs(s.B * blocks);
   int64_t longest_any = 0;
   for (int64_t t = 0; t < s.B * blocks; ++t) {
-    const int64_t b = t / blocks, i0 = t % blocks * kQueryBlock;
-    const int64_t rows = std::min(kQueryBlock, s.n - i0);
-    const int64_t longest = longest_length(args.lens, s, b, i0, rows);
+    const int64_t b = t / blocks, i0 = t % blocks * W;
+    const int64_t rows = std::min(W, s.n - i0);
+    const int64_t longest = longest_length(row_lens, s, b, i0, rows);
     longest_any = std::max(longest_any, longest);
     costs[t] = rows * (longest + 16);
   }
-  const int64_t kb = forward_key_block<T>(longest_any);
+  const ForwardArgs<T> args{s,
+                            q.data_ptr<T>(),
+                            k.data_ptr<T>(),
+                            v.data_ptr<T>(),
+                            row_lens,
+                            T(scale),
+                            out.data_ptr<T>(),
+                            lse.data_ptr<T>(),
+                            weights.defined() ? weights.data_ptr<T>() : nullptr,
+                            key_block_size<T>(longest_any, 2)};
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    ForwardScratch<T> scratch(s, vp.ld, kb, args.weights != nullptr ? div_up(s.m, kb) : 0);
-    for (int64_t t = t0; t < t1;) {
-      const int64_t b = t / blocks, first = t % blocks;
-      const int64_t count = std::min({kGroupBlocks, t1 - t, blocks - first});
-      forward_group(args, scratch, b, first, count);
-      t += count;
+    ForwardScratch<T> scratch(s, args.kb, args.weights != nullptr ? div_up(s.m, args.kb) : 0);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / blocks, i0 = t % blocks * W;
+      forward_block(args, scratch, b, i0, std::min(W, s.n - i0));
     }
   });
 }
@@ -282,7 +303,7 @@ constexpr int64_t kDqLocks = 64;
 
 template <typename T>
 struct BackwardScratch {
-  int64_t kb;  // the call's key block (backward_key_block), the row stride of p and dp
+  int64_t kb;  // the call's key block (key_block_size), the row stride of p and dp
   // p and dp, then dS in dp's place; dk, dv and dq only where the outputs'
   // rows are not whole tiles (else the products accumulate in the outputs).
   std::vector<T> p, dp, dk, dv, dq, delta;
@@ -443,7 +464,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
                              dvd,       dq_locks.data()};
   const int64_t longest =
       batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
-  const int64_t kb = backward_key_block<T>(longest);
+  const int64_t kb = key_block_size<T>(longest, 4);
   // Tasks: the key blocks of each batch entry below its longest length, at a
   // cost of the rows and keys their query blocks visit.
   std::vector<int64_t> task_b, task_j0, costs;

@@ -20,33 +20,24 @@ namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
-constexpr int64_t kQueryBlock = 48;  // a multiple of kTileRows
+constexpr int64_t kQueryBlock = 48;  // the backward's query rows: a multiple of kTileRows
 // The largest key block: a multiple of every kTileCols (at most 32 floats
 // with AVX-512).
 constexpr int64_t kKeyBlock = 256;
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The forward's key block: kKeyBlock, or the longest valid length in whole
-// tiles where that is shorter (short sequences need no 256-key rows). Its
-// per-row bookkeeping (a maximum, a correction of the output row) is paid
-// once per key block, so the forward wants long blocks.
+// The key block of a call whose longest valid length is `longest`: a
+// quarter of it, in whole tiles, from one tile up to kKeyBlock. A thread's
+// scratch (a block of scores, or P and dP and the block's packed Kᵀ and Vᵀ)
+// grows with the block, so short sequences get short blocks: at 128 keys
+// and d = 64 one 128-key block held about 110 KiB a thread in the backward,
+// 4 blocks of 32 keys hold 28 KiB (SDPA's own is about 30 KiB there; its
+// BLAS packs in buffers it keeps for the process). From 1024 keys the block
+// is kKeyBlock.
 template <typename T>
-int64_t forward_key_block(int64_t longest) {
-  return std::clamp<int64_t>(round_up_to_tile<T>(longest), kTileCols<T>, kKeyBlock);
-}
-
-// The backward's key block: a quarter of the longest valid length, in whole
-// tiles, from one tile up to kKeyBlock. A thread's scratch (P and dP, and the
-// block's packed Kᵀ and Vᵀ) grows with the block, so short sequences get
-// short blocks: at 128 keys and d = 64 one 128-key block held about 110 KiB
-// a thread, 4 blocks of 32 keys hold 28 KiB (SDPA's own is about 30 KiB
-// there; its BLAS packs in buffers it keeps for the process), and were no
-// slower (the backward has no per-row bookkeeping per block). From 1024 keys
-// the block is kKeyBlock.
-template <typename T>
-int64_t backward_key_block(int64_t longest) {
-  return std::clamp<int64_t>(round_up_to_tile<T>(div_up(longest, 4)), kTileCols<T>, kKeyBlock);
+int64_t key_block_size(int64_t longest, int64_t parts) {
+  return std::clamp<int64_t>(round_up_to_tile<T>(div_up(longest, parts)), kTileCols<T>, kKeyBlock);
 }
 
 // n elements left uninitialized, for buffers that a parallel pass writes in

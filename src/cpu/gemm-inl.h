@@ -47,10 +47,13 @@ constexpr int64_t round_up_to_tile(int64_t x) {
 // row of A and at a scratch row of C. The twelve accumulators are
 // named variables, not an array: GCC keeps an array of Vectorized in
 // registers with one LibTorch's headers and spills it to the stack on every
-// iteration with another's (measured: 2× slower on 2.11).
+// iteration with another's (measured: 2× slower on 2.11). Not inlined: inside
+// the flash kernel's loops GCC ran short of registers and reloaded the six
+// row pointers from the stack on every step (perf annotate; the forward took
+// 1.5-1.8× as long); a call per tile costs nothing beside its K steps.
 template <typename T, bool kTransA>
-inline void gemm_tile(int64_t K, const T* const* a, int64_t a_step, const T* B, int64_t ldb,
-                      T* const* c, bool accumulate) {
+C10_NOINLINE void gemm_tile(int64_t K, const T* const* a, int64_t a_step, const T* B,
+                            int64_t ldb, T* const* c, bool accumulate) {
   // A compile-time 1 for the common case, so its loads stay a plain a[k].
   const int64_t step = kTransA ? a_step : 1;
   using V = at::vec::Vectorized<T>;
