@@ -10,7 +10,7 @@ PYTHON     ?= /usr/bin/python3
 DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev libgmock-dev \
                    libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev \
                    libgloo-dev
-# Only `make bench` and `make fixtures` need Python with torch.
+# Only `make bench` (bench-book) and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
 
 # The LibTorch 2.x leg: PyPI's torch wheel (a CUDA build; its LibTorch also
@@ -30,7 +30,7 @@ CI_FUZZ_SECONDS ?= 60
 
 .PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
         fra-eng bahdanau \
-        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-sdpa bench-spread bench-dp device-sources fixtures clean
+        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources fixtures clean
 # The steps of `make test` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
@@ -191,6 +191,11 @@ DP_EPOCHS ?= 30
 bench-dp: build
 	benchmarks/data_parallel.sh $(BUILD_DIR) $(DP_REPS) $(DP_EPOCHS)
 
+# `make bench`: both tables of the README's Performance section, the library
+# against the book (bench-book) and the flash kernel against LibTorch 2.x's
+# SDPA (bench-sdpa, which builds the torch 2.11 leg first).
+bench: bench-book bench-sdpa
+
 # Times this library and the book's Python code on the same shapes and thread
 # counts, one run after the other, and prints one table (also written to
 # $(BUILD_DIR)/bench-report.md).
@@ -215,7 +220,7 @@ endef
 BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
                --benchmark_enable_random_interleaving=true \
                --benchmark_min_time=0.2
-bench: deps deps-python configure
+bench-book: deps deps-python configure
 	cmake -S . -B $(BUILD_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_attention
 	$(call run_bench_attention,$(BUILD_DIR),$(BENCH_SHAPES),bench-cpp)
