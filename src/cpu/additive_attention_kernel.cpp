@@ -61,7 +61,7 @@ void tanh_kernel(const T* x, T* y, int64_t n) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     int64_t i = begin;
     for (; i + V::size() <= end; i += V::size()) vec_tanh(V::loadu(x + i)).store(y + i);
-    if (i < end) vec_tanh(V::loadu(x + i, end - i)).store(y + i, end - i);
+    if (i < end) partial_store(vec_tanh(partial_load(x + i, end - i)), y + i, end - i);
   });
 }
 
@@ -118,7 +118,7 @@ void axpy_row(T a, const T* x, T* y, int64_t d) {
   for (; c + V::size() <= d; c += V::size()) {
     at::vec::fmadd(va, V::loadu(x + c), V::loadu(y + c)).store(y + c);
   }
-  if (c < d) at::vec::fmadd(va, V::loadu(x + c, d - c), V::loadu(y + c, d - c)).store(y + c, d - c);
+  if (c < d) partial_store(at::vec::fmadd(va, partial_load(x + c, d - c), partial_load(y + c, d - c)), y + c, d - c);
 }
 
 // o[0:d] = sum_{j < L} p[j] v[j, 0:d]: one query's output. Up to four
@@ -148,12 +148,12 @@ void weighted_values_row(const T* p, const T* v, T* o, int64_t L, int64_t d) {
     V a(0);
     for (int64_t j = 0; j < L; ++j) {
       const T* vj = v + j * d + c;
-      a = at::vec::fmadd(V(p[j]), width == S ? V::loadu(vj) : V::loadu(vj, width), a);
+      a = at::vec::fmadd(V(p[j]), width == S ? V::loadu(vj) : partial_load(vj, width), a);
     }
     if (width == S) {
       a.store(o + c);
     } else {
-      a.store(o + c, width);
+      partial_store(a, o + c, width);
     }
   }
 }

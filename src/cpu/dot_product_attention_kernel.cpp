@@ -256,7 +256,9 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     const int64_t rows = std::min(W, s.n - i0);
     const int64_t longest = longest_length(row_lens, s, b, i0, rows);
     longest_any = std::max(longest_any, longest);
-    costs[t] = rows * (longest + 16);
+    // Each visited key costs a row d + dv multiply-adds, and the block's
+    // packing and output W rows (macs_to_grain).
+    costs[t] = (rows * longest + W) * macs_to_grain(s);
   }
   const ForwardArgs<T> args{s,
                             q.data_ptr<T>(),
@@ -332,8 +334,10 @@ T dot(const T* x, const T* y, int64_t n) {
   using V = Vectorized<T>;
   V acc(T(0));
   int64_t c = 0;
-  for (; c + V::size() <= n; c += V::size()) acc = at::vec::fmadd(V::loadu(x + c), V::loadu(y + c), acc);
-  if (c < n) acc = at::vec::fmadd(V::loadu(x + c, n - c), V::loadu(y + c, n - c), acc);
+  for (; c + V::size() <= n; c += V::size()) {
+    acc = at::vec::fmadd(V::loadu(x + c), V::loadu(y + c), acc);
+  }
+  if (c < n) acc = at::vec::fmadd(partial_load(x + c, n - c), partial_load(y + c, n - c), acc);
   return horizontal_sum(acc);
 }
 
@@ -474,10 +478,13 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       block_longest.push_back(longest_length(args.lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
     }
     for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
-      int64_t cost = 16;
+      // The key block's packing, and per visited (row, key) d + dv
+      // multiply-adds in each of the products (macs_to_grain).
+      int64_t cost = std::min(kb, batch_longest[b] - j0);
       for (const int64_t block : block_longest) {
         cost += kQueryBlock * std::clamp<int64_t>(block - j0, 0, kb);
       }
+      cost *= macs_to_grain(s);
       task_b.push_back(b);
       task_j0.push_back(j0);
       costs.push_back(cost);

@@ -53,6 +53,13 @@ struct Dims {
   int64_t B, n, m, d, dv;
 };
 
+// Tasks are costed in (row, key) pairs times this: the d + dv multiply-adds
+// a pair costs, at about four to one of kGrain's units (a softmax entry's
+// load, exponential and store). Counting pairs alone put the parallel
+// threshold at 100 µs of work or more: the book's (64, 10, 10, d 32) ran on
+// one thread (76 µs).
+inline int64_t macs_to_grain(const Dims& s) { return std::max<int64_t>(1, (s.d + s.dv) / 4); }
+
 Dims dims_of(const at::TensorBase& q, const at::TensorBase& v) {
   return {q.size(0), q.size(1), v.size(1), q.size(2), v.size(2)};
 }
@@ -119,7 +126,7 @@ void scale_row(T* x, int64_t count, T factor) {
   const V vfactor(factor);
   int64_t j = 0;
   for (; j + V::size() <= count; j += V::size()) (V::loadu(x + j) * vfactor).store(x + j);
-  if (j < count) (V::loadu(x + j, count - j) * vfactor).store(x + j, count - j);
+  if (j < count) partial_store(partial_load(x + j, count - j) * vfactor, x + j, count - j);
 }
 
 // The longest valid length among rows [i0, i0 + rows) of batch entry b.

@@ -98,13 +98,74 @@ inline RowLengths row_lengths(const at::TensorBase& lens, int64_t queries) {
   return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1};
 }
 
+// The first r < size() lanes of a vector at p, zero past them, and their
+// store. ATen's loadu(p, r) and store(p, r) copy through a stack buffer with
+// memcpy; a row of the book's shapes (10 keys) is nothing but such a tail,
+// so on AVX2 and AVX-512 these are masked loads and stores, which read and
+// write only the first r lanes (no fault past them).
+template <typename T>
+Vectorized<T> partial_load(const T* p, int64_t r) {
+  return Vectorized<T>::loadu(p, r);
+}
+
+template <typename T>
+void partial_store(const Vectorized<T>& v, T* p, int64_t r) {
+  v.store(p, r);
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
+inline __mmask16 lanes16(int64_t r) { return static_cast<__mmask16>((1u << r) - 1); }
+inline __mmask8 lanes8(int64_t r) { return static_cast<__mmask8>((1u << r) - 1); }
+template <>
+inline Vectorized<float> partial_load(const float* p, int64_t r) {
+  return _mm512_maskz_loadu_ps(lanes16(r), p);
+}
+template <>
+inline void partial_store(const Vectorized<float>& v, float* p, int64_t r) {
+  _mm512_mask_storeu_ps(p, lanes16(r), v);
+}
+template <>
+inline Vectorized<double> partial_load(const double* p, int64_t r) {
+  return _mm512_maskz_loadu_pd(lanes8(r), p);
+}
+template <>
+inline void partial_store(const Vectorized<double>& v, double* p, int64_t r) {
+  _mm512_mask_storeu_pd(p, lanes8(r), v);
+}
+#elif defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
+// Lane i is on where i < r: the sign bit of (i - r).
+inline __m256i lanes32(int64_t r) {
+  return _mm256_sub_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                          _mm256_set1_epi32(static_cast<int>(r)));
+}
+inline __m256i lanes64(int64_t r) {
+  return _mm256_sub_epi64(_mm256_setr_epi64x(0, 1, 2, 3), _mm256_set1_epi64x(r));
+}
+template <>
+inline Vectorized<float> partial_load(const float* p, int64_t r) {
+  return _mm256_maskload_ps(p, lanes32(r));
+}
+template <>
+inline void partial_store(const Vectorized<float>& v, float* p, int64_t r) {
+  _mm256_maskstore_ps(p, lanes32(r), v);
+}
+template <>
+inline Vectorized<double> partial_load(const double* p, int64_t r) {
+  return _mm256_maskload_pd(p, lanes64(r));
+}
+template <>
+inline void partial_store(const Vectorized<double>& v, double* p, int64_t r) {
+  _mm256_maskstore_pd(p, lanes64(r), v);
+}
+#endif
+
 // The last, partial vector of a row's first L entries. When the row has room
 // for a whole vector past position j (room >= size), it is loaded whole, which
-// is far cheaper than a partial load; callers blend away lanes r.. with
-// Vectorized::set before using them, so masked entries never count.
+// is cheaper still; callers blend away lanes r.. with Vectorized::set before
+// using them, so masked entries never count.
 template <typename T>
 Vectorized<T> load_tail(const T* p, int64_t r, int64_t room) {
-  return room >= Vectorized<T>::size() ? Vectorized<T>::loadu(p) : Vectorized<T>::loadu(p, r);
+  return room >= Vectorized<T>::size() ? Vectorized<T>::loadu(p) : partial_load(p, r);
 }
 
 template <typename T>
@@ -112,7 +173,7 @@ void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
   if (room >= Vectorized<T>::size()) {
     v.store(p);
   } else {
-    v.store(p, r);
+    partial_store(v, p, r);
   }
 }
 
