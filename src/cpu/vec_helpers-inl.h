@@ -35,10 +35,10 @@ inline int64_t grain_for(int64_t cost_per_row) {
 //
 // Runs [bounds[r], bounds[r + 1]) of consecutive tasks, at most `parts` of
 // them, each of about the same total cost: a run ends before or after the
-// task that crosses its share, whichever lands nearer the share (always
-// after it took the whole run's first task, so no run is empty; 32 tasks of
-// random cost left the larger of two runs 3% over half in the median and 7%
-// at the 90th percentile, ending always after; 1.6% and 3.5% so).
+// task that crosses its share, whichever lands nearer the share, but never
+// before its own first task, so no run is empty. (With 32 tasks of random
+// cost, ending always after left the larger of two runs 3% over half in the
+// median and 7% at the 90th percentile; the nearer end, 1.6% and 3.5%.)
 std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t parts) {
   double total = 0;
   for (const int64_t c : costs) total += static_cast<double>(c);
@@ -98,7 +98,7 @@ inline RowLengths row_lengths(const at::TensorBase& lens, int64_t queries) {
   return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1};
 }
 
-// The first r < size() lanes of a vector at p, zero past them, and their
+// The first r <= size() lanes of a vector at p, zero past them, and their
 // store. ATen's loadu(p, r) and store(p, r) copy through a stack buffer with
 // memcpy; a row of the book's shapes (10 keys) is nothing but such a tail,
 // so on AVX2 and AVX-512 these are masked loads and stores, which read and
