@@ -645,8 +645,13 @@ TEST(FusedKernels, LinearSplitsOverThreadsOnlyWhereOpenBlasRunsOnOne) {
     EXPECT_EQ(d2l::detail::linear_splits_over_threads(x.to(torch::kDouble), W.to(torch::kDouble)),
               blas_is_openblas());
     // Small products, other dtypes, mismatched shapes: functional::linear.
-    EXPECT_FALSE(d2l::detail::linear_splits_over_threads(torch::randn({64, 10, 32}),
+    // (A seq2seq decoder step: 64 x 32 x 32 multiply-adds. The book's (64, 10,
+    // 32) projections, 10 times that, are split.)
+    EXPECT_FALSE(d2l::detail::linear_splits_over_threads(torch::randn({64, 1, 32}),
                                                          torch::randn({32, 32})));
+    EXPECT_EQ(d2l::detail::linear_splits_over_threads(torch::randn({64, 10, 32}),
+                                                      torch::randn({32, 32})),
+              blas_is_openblas());
     EXPECT_FALSE(
         d2l::detail::linear_splits_over_threads(x.to(torch::kBFloat16), W.to(torch::kBFloat16)));
     EXPECT_FALSE(d2l::detail::linear_splits_over_threads(x, torch::randn({64, 65})));

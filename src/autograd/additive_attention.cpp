@@ -21,26 +21,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Keys as (B, h, m_pad), zero-padded to whole vectors (AdditiveAttentionKernels).
-torch::Tensor transposed_keys(const torch::Tensor& k, int64_t vector_size) {
-  const int64_t m = k.size(1);
-  const int64_t m_pad = (m + vector_size - 1) / vector_size * vector_size;
-  auto kT = torch::zeros({k.size(0), k.size(2), m_pad}, k.options());
-  kT.narrow(2, 0, m).copy_(k.transpose(1, 2));
-  return kT;
-}
-
 struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& queries,
                                const torch::Tensor& keys, const torch::Tensor& w_v,
                                const torch::Tensor& lens, bool softmax) {
     const auto q = compute_type(queries), w = compute_type(w_v);
-    const auto& kernels = cpu::additive_attention_kernels();
-    const auto kT =
-        transposed_keys(as_dtype(keys, q.scalar_type()), kernels.vector_size(q.scalar_type()));
+    const auto k = as_dtype(keys, q.scalar_type()).contiguous();
     auto out = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
-    kernels.forward(q, kT, w, out, lens, softmax);
-    ctx->save_for_backward({q, kT, w, out, lens});
+    cpu::additive_attention_kernels().forward(q, k, w, out, lens, softmax);
+    ctx->save_for_backward({q, k, w, out, lens});
     ctx->saved_data["softmax"] = softmax;
     return as_dtype(out, queries.scalar_type());
   }
@@ -50,14 +39,13 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
                 "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
                 "Path::kComposite when you need create_graph=true");
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &kT = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
+    const auto &q = saved[0], &k = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
     const bool softmax = ctx->saved_data["softmax"].toBool();
-    const int64_t m = out.size(2);
     const auto dout = as_dtype(grads[0], q.scalar_type()).contiguous();
-    auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
-    cpu::additive_attention_kernels().backward(q, kT, w, out, dout, dq, dkT, dw, lens, softmax);
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dw = torch::empty_like(w);
+    cpu::additive_attention_kernels().backward(q, k, w, out, dout, dq, dk, dw, lens, softmax);
     const auto dtype = grads[0].scalar_type();
-    return {as_dtype(dq, dtype), as_dtype(dkT.narrow(2, 0, m).transpose(1, 2), dtype),
+    return {as_dtype(dq, dtype), as_dtype(dk, dtype),
             as_dtype(dw, dtype), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -74,15 +62,11 @@ struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction
     ctx->set_materialize_grads(false);
     const auto q = compute_type(queries), w = compute_type(w_v);
     const auto dtype = q.scalar_type();
-    const auto& kernels = cpu::additive_attention_kernels();
-    const int64_t vector_size = kernels.vector_size(dtype);
-    const auto kT = transposed_keys(as_dtype(keys, dtype), vector_size);
-    const auto v = as_dtype(values, dtype).contiguous();
+    const auto k = as_dtype(keys, dtype).contiguous(), v = as_dtype(values, dtype).contiguous();
     auto weights = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
     auto out = torch::empty({q.size(0), q.size(1), values.size(2)}, q.options());
-    kernels.forward_values(q, kT, w, v, weights, out, lens);
-    // The backward reads the values transposed, as the keys.
-    ctx->save_for_backward({q, kT, w, transposed_keys(v, vector_size), weights, lens});
+    cpu::additive_attention_kernels().forward_values(q, k, w, v, weights, out, lens);
+    ctx->save_for_backward({q, k, w, v, weights, lens});
     return {as_dtype(out, queries.scalar_type()), as_dtype(weights, queries.scalar_type())};
   }
 
@@ -91,23 +75,23 @@ struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction
                 "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
                 "Path::kComposite when you need create_graph=true");
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &kT = saved[1], &w = saved[2], &vT = saved[3], &y = saved[4],
+    const auto &q = saved[0], &k = saved[1], &w = saved[2], &v = saved[3], &y = saved[4],
                &lens = saved[5];
     const auto& dout_grad = grads[0];
     const auto& dweights_grad = grads[1];
     if (!dout_grad.defined() && !dweights_grad.defined()) return tensor_list(5);
     const auto grad_dtype =
         dout_grad.defined() ? dout_grad.scalar_type() : dweights_grad.scalar_type();
-    const int64_t m = y.size(2), d = vT.size(1);
+    const int64_t d = v.size(2);
     const auto dout = dout_grad.defined() ? as_dtype(dout_grad, q.scalar_type()).contiguous()
                                           : torch::zeros({q.size(0), q.size(1), d}, q.options());
     const auto dy = dweights_grad.defined() ? as_dtype(dweights_grad, q.scalar_type()).contiguous()
                                             : torch::Tensor();
-    auto dq = torch::empty_like(q), dkT = torch::empty_like(kT), dw = torch::empty_like(w);
-    auto dv = torch::empty({q.size(0), m, d}, q.options());
-    cpu::additive_attention_kernels().backward_values(q, kT, w, vT, y, dout, dy, dq, dkT, dw, dv,
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dw = torch::empty_like(w);
+    auto dv = torch::empty_like(v);
+    cpu::additive_attention_kernels().backward_values(q, k, w, v, y, dout, dy, dq, dk, dw, dv,
                                                       lens);
-    return {as_dtype(dq, grad_dtype), as_dtype(dkT.narrow(2, 0, m).transpose(1, 2), grad_dtype),
+    return {as_dtype(dq, grad_dtype), as_dtype(dk, grad_dtype),
             as_dtype(dv, grad_dtype), as_dtype(dw, grad_dtype), torch::Tensor()};
   }
 };

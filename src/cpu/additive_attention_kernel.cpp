@@ -21,9 +21,36 @@ struct AdditiveShape {
   int64_t B, n, m, h, m_pad;
 };
 
-AdditiveShape shape_of(const at::TensorBase& q, const at::TensorBase& kT,
-                       const at::TensorBase& out) {
-  return {q.size(0), q.size(1), out.size(2), q.size(2), kT.size(2)};
+// L rounded up to whole vectors of T.
+template <typename T>
+int64_t whole_vectors(int64_t L) {
+  constexpr int64_t S = Vectorized<T>::size();
+  return (L + S - 1) / S * S;
+}
+
+// m_pad: m in whole vectors, the row length of the transposed keys and
+// values each thread keeps (transpose_padded).
+template <typename T>
+AdditiveShape shape_of(const at::TensorBase& q, const at::TensorBase& out) {
+  const int64_t m = out.size(2);
+  return {q.size(0), q.size(1), m, q.size(2), whole_vectors<T>(m)};
+}
+
+// xT[c * m_pad + j] = x[j * cols + c] for keys j < m, zero for j in [m, m_pad):
+// one batch entry's keys (or values) transposed, so that the loops over keys
+// load whole vectors. Each thread transposes the entries its rows belong to
+// into its own buffer, as it reaches them: in parallel, and with no (B, h,
+// m_pad) tensors. Made before the kernel (a zero-fill and a copy, for the
+// keys and again for the values the backward reads), they took 28% of
+// AdditiveAttention's forward samples at the book's (64, 10, 10) at 2
+// threads, all on the calling thread.
+template <typename T>
+void transpose_padded(const T* x, T* xT, int64_t m, int64_t cols, int64_t m_pad) {
+  for (int64_t c = 0; c < cols; ++c) {
+    T* row = xT + c * m_pad;
+    for (int64_t j = 0; j < m; ++j) row[j] = x[j * cols + c];
+    std::fill(row + m, row + m_pad, T(0));
+  }
 }
 
 // tanh(x) = x P(x²) / Q(x²) on |x| <= 7.905 (beyond it tanh rounds to ±1 in
@@ -94,8 +121,8 @@ void additive_scores_row(const T* q, const T* kT, const T* w, T* scores, int64_t
   }
 }
 
-// The values of forward_values and backward_values: v (B, m, d) for the
-// forward, vT (B, d, m_pad) for the backward, do (B, n, d) and dv (B, m, d).
+// The values of forward_values and backward_values: v (B, m, d), do (B, n, d)
+// and dv (B, m, d).
 // `on` false: the kernels without values. (Not a null pointer: an empty
 // tensor's data pointer may be null.)
 template <typename T>
@@ -103,7 +130,6 @@ struct ValuesArgs {
   bool on = false;
   const T* v = nullptr;
   T* o = nullptr;
-  const T* vT = nullptr;
   const T* dout = nullptr;
   T* dv = nullptr;
   int64_t d = 0;
@@ -185,21 +211,35 @@ void weights_grad_row(const T* go, const T* vT, T* g, int64_t L, int64_t d, int6
   }
 }
 
+// Costs for the work split (parallel_runs), in tanh lanes. The tanh are
+// computed a whole vector of keys at a time, so a row of L keys costs
+// round_up(L, S) of them per hidden unit: at the book's 10 keys every row costs
+// one vector of 16, whatever its length (counting L gave one of two threads
+// 356 rows and the other 284 in the backward at (64, 10, 10) with the bench's
+// lengths). A
+// product with the values costs an FMA lane per key and feature, about an
+// eighth of a tanh lane; each row adds its softmax and call, about
+// kRowCost (as in the masked softmax), and a store per key.
+constexpr int64_t kRowCost = 128, kFmaPerTanh = 8;
+
 template <typename T>
-void additive_forward(const T* q, const T* kT, const T* w, T* out, AdditiveShape s, RowLengths lens,
+void additive_forward(const T* q, const T* k, const T* w, T* out, AdditiveShape s, RowLengths lens,
                       bool softmax, ValuesArgs<T> values = {}) {
-  // A row costs its valid keys' tanh (and the softmax's pass over all m), and
-  // with values its valid keys' products with them.
   std::vector<int64_t> costs(s.B * s.n);
   for (int64_t r = 0; r < s.B * s.n; ++r) {
-    costs[r] = (softmax ? lens.at(r, s.m) : s.m) * (s.h + values.d) + s.m;
+    const int64_t L = softmax ? lens.at(r, s.m) : s.m;
+    costs[r] = whole_vectors<T>(L) * s.h + L * values.d / kFmaPerTanh + s.m + kRowCost;
   }
   parallel_runs(costs, [&](int64_t begin, int64_t end) {
-    std::vector<T> scores(s.m_pad);
+    std::vector<T> scores(s.m_pad), kT(s.h * s.m_pad);
+    int64_t batch = -1;  // the batch entry kT holds
     for (int64_t r = begin; r < end; ++r) {
       const int64_t L = softmax ? lens.at(r, s.m) : s.m;
-      const T* kTb = kT + (r / s.n) * s.h * s.m_pad;
-      additive_scores_row(q + r * s.h, kTb, w, scores.data(), L, s);
+      if (r / s.n != batch) {
+        batch = r / s.n;
+        transpose_padded(k + batch * s.m * s.h, kT.data(), s.m, s.h, s.m_pad);
+      }
+      additive_scores_row(q + r * s.h, kT.data(), w, scores.data(), L, s);
       T* row = out + r * s.m;
       if (softmax) {
         softmax_row(scores.data(), row, L, s.m, T(1));
@@ -269,15 +309,15 @@ void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds,
 // themselves, when given), and dv_j += y_ij go_i goes into a per-thread
 // buffer flushed with dk's.
 template <typename T>
-void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T* dout, T* dq,
-                       T* dkT, T* dw, AdditiveShape s, RowLengths lens, bool softmax,
+void additive_backward(const T* q, const T* k, const T* w, const T* y, const T* dout, T* dq,
+                       T* dk, T* dw, AdditiveShape s, RowLengths lens, bool softmax,
                        ValuesArgs<T> values = {}) {
   using V = Vectorized<T>;
   constexpr int64_t R = kQueryBlock;
   const int64_t threads = at::get_num_threads();
   std::vector<V> dw_acc(threads * s.h, V(0));
   const int64_t d = values.d;
-  std::fill(dkT, dkT + s.B * s.h * s.m_pad, T(0));
+  std::fill(dk, dk + s.B * s.m * s.h, T(0));
   if (values.on) std::fill(values.dv, values.dv + s.B * s.m * d, T(0));
   const int64_t blocks = (s.n + R - 1) / R;
   auto longest = [&](int64_t b, int64_t i0, int64_t rows) {
@@ -290,20 +330,28 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   std::vector<int64_t> costs(s.B * blocks);
   for (int64_t t = 0; t < s.B * blocks; ++t) {
     const int64_t b = t / blocks, i0 = t % blocks * R, rows = std::min(R, s.n - i0);
-    costs[t] = rows * (longest(b, i0, rows) * (s.h + 2 * d) + s.m);
+    // Per row: tanh and their gradient (about two tanh's worth) for each key
+    // vector and hidden unit; with values the weights' gradient (d FMAs per
+    // key vector lane) and dv (d per valid key).
+    const int64_t L = longest(b, i0, rows), Lv = whole_vectors<T>(L);
+    costs[t] = rows * (2 * Lv * s.h + (Lv + L) * d / kFmaPerTanh + s.m + kRowCost);
   }
   std::mutex dk_lock;
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     V* dw_thread = dw_acc.data() + at::get_thread_num() * s.h;
-    std::vector<T> ds(R * s.m_pad), dk_local(s.h * s.m_pad);
-    std::vector<T> dy_row(values.on ? s.m_pad : 0);
+    std::vector<T> ds(R * s.m_pad), kT(s.h * s.m_pad), dk_local(s.h * s.m_pad);
+    std::vector<T> dy_row(values.on ? s.m_pad : 0), vT(values.on ? d * s.m_pad : 0);
     std::vector<T> dv_local(values.on ? s.m * d : 0);
-    int64_t batch = -1;  // the batch entry dk_local and dv_local belong to
+    // The batch entry kT, vT, dk_local and dv_local belong to; dk_local is
+    // dk's transpose, added back transposed.
+    int64_t batch = -1;
     auto flush = [&] {
       if (batch < 0) return;
       std::lock_guard<std::mutex> guard(dk_lock);
-      T* dkTb = dkT + batch * s.h * s.m_pad;
-      for (int64_t e = 0; e < s.h * s.m_pad; ++e) dkTb[e] += dk_local[e];
+      T* dkb = dk + batch * s.m * s.h;
+      for (int64_t j = 0; j < s.m; ++j) {
+        for (int64_t c = 0; c < s.h; ++c) dkb[j * s.h + c] += dk_local[c * s.m_pad + j];
+      }
       T* dvb = values.dv + batch * s.m * d;
       for (size_t e = 0; e < dv_local.size(); ++e) dvb[e] += dv_local[e];
     };
@@ -314,6 +362,8 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
         std::fill(dk_local.begin(), dk_local.end(), T(0));
         std::fill(dv_local.begin(), dv_local.end(), T(0));
         batch = b;
+        transpose_padded(k + b * s.m * s.h, kT.data(), s.m, s.h, s.m_pad);
+        if (values.on) transpose_padded(values.v + b * s.m * d, vT.data(), s.m, d, s.m_pad);
       }
       const int64_t L = longest(b, i0, rows);
       std::fill(ds.begin(), ds.end(), T(0));
@@ -322,7 +372,7 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
         T* dsr = ds.data() + r * s.m_pad;
         if (values.on) {
           const T* go = values.dout + row * d;
-          weights_grad_row(go, values.vT + b * d * s.m_pad, dy_row.data(), Lr, d, s.m_pad);
+          weights_grad_row(go, vT.data(), dy_row.data(), Lr, d, s.m_pad);
           if (dout != nullptr) {
             for (int64_t j = 0; j < Lr; ++j) dy_row[j] += dout[row * s.m + j];
           }
@@ -336,10 +386,9 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
         }
       }
       const int64_t first = (b * s.n + i0) * s.h;
-      const T* kTb = kT + b * s.h * s.m_pad;
       const auto block = [&](auto rows_constant) {
         additive_backward_block<decltype(rows_constant)::value>(
-            q + first, kTb, w, ds.data(), dq + first, dk_local.data(), dw_thread, L, s);
+            q + first, kT.data(), w, ds.data(), dq + first, dk_local.data(), dw_thread, L, s);
       };
       switch (rows) {
         case 1: block(std::integral_constant<int, 1>{}); break;
@@ -357,63 +406,61 @@ void additive_backward(const T* q, const T* kT, const T* w, const T* y, const T*
   }
 }
 
-void forward(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& w,
              const at::TensorBase& out, const at::TensorBase& lens, bool softmax) {
-  const AdditiveShape s = shape_of(q, kT, out);
-  const RowLengths L = row_lengths(lens, s.n);
+  const RowLengths L = row_lengths(lens, q.size(1));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
-    additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                     out.data_ptr<scalar_t>(), s, L, softmax);
+    additive_forward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                     out.data_ptr<scalar_t>(), shape_of<scalar_t>(q, out), L, softmax);
   });
 }
 
-void backward(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+void backward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& w,
               const at::TensorBase& y, const at::TensorBase& dout, const at::TensorBase& dq,
-              const at::TensorBase& dkT, const at::TensorBase& dw, const at::TensorBase& lens,
+              const at::TensorBase& dk, const at::TensorBase& dw, const at::TensorBase& lens,
               bool softmax) {
-  const AdditiveShape s = shape_of(q, kT, y);
-  const RowLengths L = row_lengths(lens, s.n);
+  const RowLengths L = row_lengths(lens, q.size(1));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
-    additive_backward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+    additive_backward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
                       y.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(),
-                      dkT.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), s, L, softmax);
+                      dk.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), shape_of<scalar_t>(q, y),
+                      L, softmax);
   });
 }
 
-void forward_values(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
+void forward_values(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& w,
                     const at::TensorBase& v, const at::TensorBase& y, const at::TensorBase& o,
                     const at::TensorBase& lens) {
-  const AdditiveShape s = shape_of(q, kT, y);
-  const RowLengths L = row_lengths(lens, s.n);
+  const RowLengths L = row_lengths(lens, q.size(1));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention", [&] {
     ValuesArgs<scalar_t> values;
     values.on = true;
     values.v = v.data_ptr<scalar_t>();
     values.o = o.data_ptr<scalar_t>();
     values.d = v.size(2);
-    additive_forward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                     y.data_ptr<scalar_t>(), s, L, /*softmax=*/true, values);
+    additive_forward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                     y.data_ptr<scalar_t>(), shape_of<scalar_t>(q, y), L, /*softmax=*/true,
+                     values);
   });
 }
 
-void backward_values(const at::TensorBase& q, const at::TensorBase& kT, const at::TensorBase& w,
-                     const at::TensorBase& vT, const at::TensorBase& y, const at::TensorBase& dout,
-                     const at::TensorBase& dy, const at::TensorBase& dq, const at::TensorBase& dkT,
+void backward_values(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& w,
+                     const at::TensorBase& v, const at::TensorBase& y, const at::TensorBase& dout,
+                     const at::TensorBase& dy, const at::TensorBase& dq, const at::TensorBase& dk,
                      const at::TensorBase& dw, const at::TensorBase& dv,
                      const at::TensorBase& lens) {
-  const AdditiveShape s = shape_of(q, kT, y);
-  const RowLengths L = row_lengths(lens, s.n);
+  const RowLengths L = row_lengths(lens, q.size(1));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::additive_attention_backward", [&] {
     ValuesArgs<scalar_t> values;
     values.on = true;
-    values.vT = vT.data_ptr<scalar_t>();
+    values.v = v.data_ptr<scalar_t>();
     values.dout = dout.data_ptr<scalar_t>();
     values.dv = dv.data_ptr<scalar_t>();
-    values.d = vT.size(1);
-    additive_backward(q.data_ptr<scalar_t>(), kT.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+    values.d = v.size(2);
+    additive_backward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
                       y.data_ptr<scalar_t>(), dy.defined() ? dy.data_ptr<scalar_t>() : nullptr,
-                      dq.data_ptr<scalar_t>(), dkT.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), s,
-                      L, /*softmax=*/true, values);
+                      dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(),
+                      shape_of<scalar_t>(q, y), L, /*softmax=*/true, values);
   });
 }
 
@@ -423,15 +470,11 @@ void tanh_tensor(const at::TensorBase& x, const at::TensorBase& y) {
   });
 }
 
-int64_t vector_size(c10::ScalarType dtype) {
-  return dtype == c10::kDouble ? Vectorized<double>::size() : Vectorized<float>::size();
-}
-
 }  // namespace
 
 const AdditiveAttentionKernels& additive_attention_kernels() {
-  static const AdditiveAttentionKernels table{&forward,         &backward,    &forward_values,
-                                              &backward_values, &tanh_tensor, &vector_size};
+  static const AdditiveAttentionKernels table{&forward, &backward, &forward_values,
+                                              &backward_values, &tanh_tensor};
   return table;
 }
 
