@@ -166,6 +166,22 @@ std::map<std::string, CaseFactory> floor_cases() {
     auto y = torch::empty_like(in.scores);
     return [=]() mutable { y.copy_(in.scores); };
   };
+  // A parallel region over every intra-op thread with nothing in it (ATen's
+  // parallel_for, as the kernels open theirs): what starting and joining the
+  // threads costs, whatever the shape. At 1 thread it runs inline. An op
+  // whose whole work is near this cost cannot gain from a second thread.
+  c["parallel_floor"] = [](const Shape&, const Inputs&) -> Body {
+    return [] {
+      const int64_t threads = at::get_num_threads();
+      std::vector<int64_t> seen(threads, 0);
+      at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) seen[t] = at::get_thread_num();
+      });
+      TORCH_CHECK(threads == 1 || seen[0] != seen[threads - 1],
+                  "parallel_floor: the region ran on one thread (built without OpenMP?)");
+      benchmark::DoNotOptimize(seen.data());
+    };
+  };
   // tanh alone on B*n*m*h floats, the floor of additive attention: our
   // kernel's tanh, and ATen's (SLEEF) for reference. Computed block by block
   // on a cache-resident buffer, as the kernel meets its operands, so that

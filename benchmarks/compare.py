@@ -220,14 +220,42 @@ def goal_lines(results):
     return lines
 
 
+FUSED_CASES = ["masked_softmax_fwd", "masked_softmax_fwdbwd", "dot_fwd", "dot_fwdbwd", "additive_fwd",
+               "additive_fwdbwd"]
+# What the machine allows, at the same thread counts: ATen's copy of the scores (one read and one
+# write of (B, n, m)), and an empty parallel region (starting and joining the threads).
+SCALING_FLOORS = ["copy_floor", "parallel_floor"]
+SCALING_HEADER = ["case", "shape", "1 thread", "2 threads", "speed-up"]
+
+
+def scaling_rows(store, few=1, many=2):
+    """The library's fused ops and the floors at `few` and `many` threads: a row per case and shape
+    measured at both, with time(few) / time(many)."""
+    if few not in store or many not in store:
+        return []
+    rows = []
+    for case in FUSED_CASES + SCALING_FLOORS:
+        for shape in ordered_shapes(store[few]):
+            t1 = lookup(store[few], "library", case, shape)
+            t2 = lookup(store[many], "library", case, shape)
+            if t1 is None or t2 is None:
+                continue
+            rows.append([case, shape, fmt_time(t1), fmt_time(t2), fmt_ratio(ratio(t1, t2))])
+    return rows
+
+
 def render(store):
-    """The whole markdown report: per thread count, the table and then the goal lines."""
+    """The whole markdown report: per thread count, the table and then the goal lines; then the
+    speed-up from 1 to 2 threads where both ran."""
     sections = []
     for threads in sorted(store, key=lambda t: (t is None, t or 0)):
         results = store[threads]
         title = "threads: {}".format(threads if threads is not None else "not stated")
         sections.append("## {}\n\n{}\n\nGoals:\n{}".format(
             title, markdown_table(TABLE_HEADER, table_rows(results)), "\n".join(goal_lines(results))))
+    scaling = scaling_rows(store)
+    if scaling:
+        sections.append("## 1 -> 2 threads (library)\n\n" + markdown_table(SCALING_HEADER, scaling))
     return "\n\n".join(sections) + "\n"
 
 

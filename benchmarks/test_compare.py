@@ -206,6 +206,29 @@ class RenderTest(unittest.TestCase):
         self.assertLess(text.index("## threads: 1"), text.index("## threads: 2"))
         self.assertIn("| dot_fwd | mid | 1.00 ms | — | 4.00 ms | 4.00× |", text)
 
+    def test_speed_up_from_one_to_two_threads(self):
+        store = sample_store()
+        compare.load_cpp(gbench_doc(
+            gbench_rows("additive_fwdbwd/mid/threads:2", [5.0, 6.0, 4.0]),
+            gbench_rows("masked_softmax_fwd/mid/threads:2", [80.0], unit="us", aggregates=False),
+            gbench_rows("parallel_floor/toy/threads:1", [40.0], unit="ns", aggregates=False),
+            gbench_rows("parallel_floor/toy/threads:2", [1.0], unit="us", aggregates=False),
+            gbench_rows("softmax_fwd/mid/threads:2", [50.0], unit="us", aggregates=False)), store)
+        rows = compare.scaling_rows(store)
+        self.assertEqual(rows, [["masked_softmax_fwd", "mid", "120 µs", "80.0 µs", "1.50×"],
+                                ["additive_fwdbwd", "mid", "10.0 ms", "5.00 ms", "2.00×"],
+                                ["parallel_floor", "toy", "40.0 ns", "1.00 µs", "0.0400×"]])
+        text = compare.render(store)
+        self.assertIn("## 1 -> 2 threads (library)", text)
+        self.assertIn("| additive_fwdbwd | mid | 10.0 ms | 5.00 ms | 2.00× |", text)
+        # Not a fused op, nor a case measured at one thread count only.
+        section = text.split("## 1 -> 2 threads")[1]
+        self.assertNotIn("| softmax_fwd |", section)
+        self.assertNotIn("| dot_fwd |", section)
+
+    def test_no_speed_up_section_with_one_thread_count(self):
+        self.assertNotIn("1 -> 2 threads", compare.render(sample_store()))
+
     def test_main_reads_files_and_writes_markdown(self):
         with tempfile.TemporaryDirectory() as tmp:
             cpp, book, out = (os.path.join(tmp, n) for n in ("cpp.json", "book.json", "report.md"))
