@@ -43,16 +43,20 @@ std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t pa
   double total = 0;
   for (const int64_t c : costs) total += static_cast<double>(c);
   std::vector<int64_t> bounds{0};
-  double done = 0;
+  // Where run `bounds.size()` should end, computed once per run rather than
+  // once per task: this loop is serial, before the threads start.
+  auto share_of = [&](size_t run) {
+    return total * static_cast<double>(run) / static_cast<double>(parts);
+  };
+  double done = 0, share = share_of(1);
   for (size_t t = 0; t < costs.size(); ++t) {
     const double before = done;
     done += static_cast<double>(costs[t]);
-    const auto run = static_cast<int64_t>(bounds.size());
-    const double share = total * static_cast<double>(run) / static_cast<double>(parts);
-    if (run < parts && done >= share) {
+    if (static_cast<int64_t>(bounds.size()) < parts && done >= share) {
       const auto task = static_cast<int64_t>(t);
       const bool before_is_nearer = task > bounds.back() && share - before < done - share;
       bounds.push_back(before_is_nearer ? task : task + 1);
+      share = share_of(bounds.size());
     }
   }
   if (bounds.back() != static_cast<int64_t>(costs.size())) {
