@@ -192,6 +192,37 @@ T horizontal_sum(const Vectorized<T>& v) {
   return sum;
 }
 
+#if defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
+// A tree of shuffles and adds in registers. The loop above is a trip through
+// memory and then a chain of dependent scalar adds (15 for AVX-512 float),
+// paid once per row by the masked softmax (a row of the book's shapes is 10
+// keys) and once per key by the flash kernel's row-by-row forward. The sum's
+// order changes: pairs of halves instead of left to right.
+template <>
+inline float horizontal_sum(const Vectorized<float>& v) {
+  return _mm512_reduce_add_ps(v);
+}
+template <>
+inline double horizontal_sum(const Vectorized<double>& v) {
+  return _mm512_reduce_add_pd(v);
+}
+#elif defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
+template <>
+inline float horizontal_sum(const Vectorized<float>& v) {
+  const __m256 x = v;
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+template <>
+inline double horizontal_sum(const Vectorized<double>& v) {
+  const __m256d x = v;
+  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+#endif
+
 template <typename T>
 T horizontal_max(const Vectorized<T>& v) {
   T lanes[Vectorized<T>::size()];
