@@ -156,6 +156,42 @@ TEST_P(Flash, WideScoresMatchComposite) {
   }
 }
 
+// Blocks of a few queries run row by row in the forward (one query: a
+// decoding step), beside whole blocks where n is a block and a few rows:
+// features past a vector and past four (weighted_sum's register group), in
+// every dtype, with and without weights, at one and two threads.
+TEST_P(Flash, FewQueriesRowByRowMatchComposite) {
+  struct Case {
+    int64_t B, n, m, d, dv;
+  };
+  const std::vector<Case> cases = {
+      {3, 1, 1000, 64, 64}, {2, 3, 70, 67, 70}, {4, 2, 33, 5, 131}, {2, 34, 40, 16, 16}};
+  torch::manual_seed(32);
+  const int saved = at::get_num_threads();
+  for (const auto& c : cases) {
+    const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
+    const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
+    const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
+    const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::randint(0, c.m + 3, {c.B}),
+                                                 torch::randint(0, c.m + 3, {c.B, c.n})};
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      for (size_t l = 0; l < all_lens.size(); ++l) {
+        for (const auto& tol : runnable_dtypes()) {
+          for (int weights : {0, 2}) {
+            const auto what =
+                fmt::format("B={} n={} m={} d={} dv={} threads {} lens#{} {} weights {}", c.B, c.n,
+                            c.m, c.d, c.dv, threads, l, c10::toString(tol.dtype), weights);
+            check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)},
+                                    all_lens[l], tol, what, weights);
+          }
+        }
+      }
+    }
+  }
+  at::set_num_threads(saved);
+}
+
 // Many query blocks (of one register tile of rows in the forward, 48 rows in
 // the backward; Note [Flash attention]), a last partial one, cut differently
 // where two threads split the work, with lengths that grow down the rows so
