@@ -16,6 +16,7 @@ Standard library only.
 """
 
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -59,10 +60,18 @@ def fmt_bytes(b):
     return f"{b / 2**20:.1f} MiB"
 
 
+def shape_order(name):
+    """sdpa<m>[q<n>][full]: n = m shapes first, then one-query (decoding) shapes; masked before
+    unmasked; by keys."""
+    match = re.fullmatch(r"sdpa(\d+)(q\d+)?(full)?", name)
+    if match is None:
+        return (2, False, 0, name)
+    return (1 if match.group(2) else 0, match.group(3) is not None, int(match.group(1)), name)
+
+
 def main(paths):
     medians, peaks, kind = read(paths)
-    shapes = sorted({k[1] for k in medians},
-                    key=lambda s: (s.endswith("full"), int(s[4:].removesuffix("full"))))
+    shapes = sorted({k[1] for k in medians}, key=shape_order)
     threads = sorted({k[2] for k in medians})
     print("| threads | shape | pass | flash | SDPA | flash / SDPA | with weights | "
           "its time / flash | bmm + softmax + bmm | its time / flash | "

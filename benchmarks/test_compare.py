@@ -303,6 +303,13 @@ class SdpaTableTest(unittest.TestCase):
         self.assertIn("peak RSS Δ flash | peak RSS Δ SDPA |", text)
         self.assertIn("| 0.0 MiB | 1.0 MiB |", text)
 
+    def test_shapes_in_order_decoding_last(self):
+        names = ["sdpa2048q1", "sdpa512full", "sdpa2048", "sdpa512q1full", "sdpa128", "sdpa512q1",
+                 "sdpa8192"]
+        self.assertEqual(sorted(names, key=sdpa_table.shape_order),
+                         ["sdpa128", "sdpa2048", "sdpa8192", "sdpa512full", "sdpa512q1",
+                          "sdpa2048q1", "sdpa512q1full"])
+
 
 if __name__ == "__main__":
     unittest.main()
