@@ -69,7 +69,7 @@ torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor
 torch::Tensor fused_softmax_forward(const torch::Tensor& X, const torch::Tensor& lens,
                                     double scale) {
   const auto x = compute_type(X);
-  auto y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+  auto y = empty_output(x.sizes(), x.options());
   cpu::masked_softmax_kernels().forward(x, y, lens, scale);
   return as_dtype(y, X.scalar_type());
 }
@@ -78,7 +78,7 @@ torch::Tensor fused_softmax_backward(const torch::Tensor& Y, const torch::Tensor
                                      const torch::Tensor& lens, double scale) {
   const auto y = compute_type(Y);
   const auto dy = as_dtype(dY, y.scalar_type()).contiguous();
-  auto dx = torch::empty_like(y, at::MemoryFormat::Contiguous);
+  auto dx = empty_output(y.sizes(), y.options());
   cpu::masked_softmax_kernels().backward(y, dy, dx, lens, scale);
   return as_dtype(dx, Y.scalar_type());
 }

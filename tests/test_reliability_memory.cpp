@@ -9,6 +9,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -16,6 +18,7 @@
 #include <malloc.h>
 #endif
 
+#include "cpu/kernel_args.h"
 #include "test_utils.h"
 
 #if defined(__has_feature)
@@ -100,6 +103,63 @@ TEST(ReliabilityMemory, MeasurementSeesALeakOfOneKibPerCall) {
   leaked.reserve(kCalls);
   const auto growth = growth_kib_over_calls([&] { leaked.push_back(torch::zeros({256})); });
   EXPECT_GT(growth, kAllowedGrowthKib) << "resident memory grew by only " << growth << " KiB";
+}
+
+// ---------------------------------------------------------------------------
+// Large outputs on transparent huge pages (empty_output, cpu/kernel_args.h).
+
+// The VmFlags of the mapping that holds `address` ("" when none does).
+std::string mapping_flags(std::uintptr_t address) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2) {
+      inside = begin <= address && address < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+bool huge_pages_flagged(const torch::Tensor& t) {
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  const auto first = (reinterpret_cast<std::uintptr_t>(t.data_ptr()) + kHuge - 1) & ~(kHuge - 1);
+  return mapping_flags(first).find(" hg") != std::string::npos;
+}
+
+// The attention weights of a 1536 x 1536 problem (9 MiB) and the flash
+// backward's gradients of keys and values (8 MiB each) are asked onto huge
+// pages (VmFlags "hg"): each is written in full right after, and fresh 4 KiB
+// pages cost a fault each (README, "Memory").
+TEST(ReliabilityMemory, LargeOutputsAskForHugePages) {
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  }
+  const auto direct = d2l::detail::empty_output({3, 1024, 1024}, torch::kFloat);
+  EXPECT_EQ(direct.sizes(), (std::vector<int64_t>{3, 1024, 1024}));
+  EXPECT_EQ(direct.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(direct.is_contiguous());
+  EXPECT_TRUE(huge_pages_flagged(direct));
+
+  torch::manual_seed(0);
+  const int64_t n = 1536;
+  const auto weights = std::get<1>(d2l::functional::dot_product_attention(
+      torch::randn({1, n, 8}), torch::randn({1, n, 8}), torch::randn({1, n, 8}), torch::Tensor(),
+      0.0, false, Path::kFused, /*need_weights=*/true));
+  EXPECT_TRUE(huge_pages_flagged(weights));
+  // Without weights the backward is the kernel's, which writes dK and dV
+  // (32 x 256 x 256 floats: 8 MiB each).
+  auto k = torch::randn({32, 256, 256}).requires_grad_();
+  auto v = torch::randn({32, 256, 256}).requires_grad_();
+  const auto out = std::get<0>(d2l::functional::dot_product_attention(
+      torch::randn({32, 1, 256}), k, v, torch::tensor({100}).expand({32}), 0.0, false,
+      Path::kFused, /*need_weights=*/false));
+  out.sum().backward();
+  EXPECT_TRUE(huge_pages_flagged(k.grad()));
+  EXPECT_TRUE(huge_pages_flagged(v.grad()));
 }
 
 }  // namespace

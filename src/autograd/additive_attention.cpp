@@ -27,7 +27,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
                                const torch::Tensor& lens, bool softmax) {
     const auto q = compute_type(queries), w = compute_type(w_v);
     const auto k = as_dtype(keys, q.scalar_type()).contiguous();
-    auto out = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
+    auto out = empty_output({q.size(0), q.size(1), keys.size(1)}, q.options());
     cpu::additive_attention_kernels().forward(q, k, w, out, lens, softmax);
     ctx->save_for_backward({q, k, w, out, lens});
     ctx->saved_data["softmax"] = softmax;
@@ -63,8 +63,8 @@ struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction
     const auto q = compute_type(queries), w = compute_type(w_v);
     const auto dtype = q.scalar_type();
     const auto k = as_dtype(keys, dtype).contiguous(), v = as_dtype(values, dtype).contiguous();
-    auto weights = torch::empty({q.size(0), q.size(1), keys.size(1)}, q.options());
-    auto out = torch::empty({q.size(0), q.size(1), values.size(2)}, q.options());
+    auto weights = empty_output({q.size(0), q.size(1), keys.size(1)}, q.options());
+    auto out = empty_output({q.size(0), q.size(1), values.size(2)}, q.options());
     cpu::additive_attention_kernels().forward_values(q, k, w, v, weights, out, lens);
     ctx->save_for_backward({q, k, w, v, weights, lens});
     return {as_dtype(out, queries.scalar_type()), as_dtype(weights, queries.scalar_type())};
@@ -110,7 +110,7 @@ torch::Tensor chunk_features(const torch::Tensor& q, const torch::Tensor& k, int
 struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& w_v, int64_t chunk_bytes) {
-    auto scores = torch::empty({q.size(0), q.size(1), k.size(1)}, q.options());
+    auto scores = empty_output({q.size(0), q.size(1), k.size(1)}, q.options());
     const int64_t step = chunk_queries(q, k, chunk_bytes);
     for (int64_t i0 = 0; i0 < q.size(1); i0 += step) {
       const int64_t c = std::min(step, q.size(1) - i0);

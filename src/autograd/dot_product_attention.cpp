@@ -22,10 +22,10 @@ struct FlashOutputs {
 // The kernel's forward on q, k, v already in their compute type.
 FlashOutputs flash_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& lens, double scale, bool need_weights) {
-  auto out = torch::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  auto out = empty_output({q.size(0), q.size(1), v.size(2)}, q.options());
   auto lse = torch::empty({q.size(0), q.size(1)}, q.options());
   auto weights =
-      need_weights ? torch::empty({q.size(0), q.size(1), k.size(1)}, q.options()) : torch::Tensor();
+      need_weights ? empty_output({q.size(0), q.size(1), k.size(1)}, q.options()) : torch::Tensor();
   cpu::dot_product_attention_kernels().forward(q, k, v, lens, scale, out, lse, weights);
   return {std::move(out), std::move(lse), std::move(weights)};
 }
@@ -116,7 +116,7 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
               as_dtype(g[2], values.scalar_type()), none, none, none};
     }
     const auto &out = saved[4], &lse = saved[5];
-    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    auto dq = empty_output_like(q), dk = empty_output_like(k), dv = empty_output_like(v);
     cpu::dot_product_attention_kernels().backward(q, k, v, lens, scale, out, dout_c, lse, dq, dk,
                                                   dv);
     return {as_dtype(dq, queries.scalar_type()), as_dtype(dk, keys.scalar_type()),
