@@ -192,34 +192,42 @@ T horizontal_sum(const Vectorized<T>& v) {
   return sum;
 }
 
-#if defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
 // A tree of shuffles and adds in registers. The loop above is a trip through
 // memory and then a chain of dependent scalar adds (15 for AVX-512 float),
 // paid once per row by the masked softmax (a row of the book's shapes is 10
 // keys) and once per key by the flash kernel's row-by-row forward. The sum's
-// order changes: pairs of halves instead of left to right.
+// order changes: halves added pairwise instead of left to right. Written
+// with __builtin_shufflevector (GCC 12, clang), not intrinsics: GCC 12's
+// 512-bit shuffle and extract intrinsics pass _mm512_undefined_* through
+// and warn (-Wuninitialized) wherever they are inlined.
+#if (defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)) && \
+    (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+#define D2L_SHUFFLE(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
+namespace hsum {
+// Four floats or two doubles, down to one.
+inline float last(__m128 q) {
+  q = q + D2L_SHUFFLE(q, 2, 3, 0, 1);
+  q = q + D2L_SHUFFLE(q, 1, 0, 3, 2);
+  return q[0];
+}
+inline double last(__m128d q) { return q[0] + q[1]; }
+inline float of(__m256 h) { return last(D2L_SHUFFLE(h, 0, 1, 2, 3) + D2L_SHUFFLE(h, 4, 5, 6, 7)); }
+inline double of(__m256d h) { return last(D2L_SHUFFLE(h, 0, 1) + D2L_SHUFFLE(h, 2, 3)); }
+#if defined(CPU_CAPABILITY_AVX512)
+inline float of(__m512 x) {
+  return of(D2L_SHUFFLE(x, 0, 1, 2, 3, 4, 5, 6, 7) + D2L_SHUFFLE(x, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+inline double of(__m512d x) { return of(D2L_SHUFFLE(x, 0, 1, 2, 3) + D2L_SHUFFLE(x, 4, 5, 6, 7)); }
+#endif
+}  // namespace hsum
+#undef D2L_SHUFFLE
 template <>
 inline float horizontal_sum(const Vectorized<float>& v) {
-  return _mm512_reduce_add_ps(v);
+  return hsum::of(v);
 }
 template <>
 inline double horizontal_sum(const Vectorized<double>& v) {
-  return _mm512_reduce_add_pd(v);
-}
-#elif defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
-template <>
-inline float horizontal_sum(const Vectorized<float>& v) {
-  const __m256 x = v;
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-template <>
-inline double horizontal_sum(const Vectorized<double>& v) {
-  const __m256d x = v;
-  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+  return hsum::of(v);
 }
 #endif
 
