@@ -35,16 +35,23 @@ inline torch::Tensor lengths_arg(const torch::Tensor& valid_lens) {
   return lens.contiguous();
 }
 
-/// Outputs of at least this many bytes go on transparent huge pages (empty_output).
-constexpr size_t kHugePageOutputBytes = size_t{4} << 20;
+/// Outputs of at least this many bytes go on transparent huge pages
+/// (empty_output): glibc's malloc maps each buffer this large on its own
+/// (its mmap threshold rises at most to 32 MiB), and unmaps it when freed.
+/// Smaller ones may come from the heap, and advising heap pages would
+/// outlive the tensor: khugepaged may later collapse them, with other
+/// allocations' free pages, into resident 2 MiB pages (a test measuring the
+/// resident set over 10,000 small calls saw it grow past 4 MiB once that way).
+constexpr size_t kHugePageOutputBytes = size_t{32} << 20;
 
 /// torch::empty for a CPU output that a kernel then writes in full (the
 /// attention weights, gradients of keys and values). From
 /// kHugePageOutputBytes it asks Linux for transparent huge pages
 /// (madvise(MADV_HUGEPAGE), where THP is left to madvise, as on Debian): a
-/// fresh buffer of that size comes from mmap, and its first touch costs a
-/// page fault per 4 KiB page. At 64 MiB of weights (B 4, 2048 x 2048) that
-/// was 35 of the flash forward's 61 ms on this VM; with 2 MiB pages, 36 ms in all.
+/// buffer that large comes fresh from mmap on every call, and its first
+/// touch costs a page fault per 4 KiB page. At 64 MiB of weights (B 4,
+/// 2048 x 2048) that was 35 of the flash forward's 61 ms on this VM; with
+/// 2 MiB pages, 34 ms in all.
 torch::Tensor empty_output(at::IntArrayRef sizes, const torch::TensorOptions& options);
 
 inline torch::Tensor empty_output_like(const torch::Tensor& t) {
