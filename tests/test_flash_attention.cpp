@@ -104,30 +104,44 @@ std::vector<DtypeTolerance> runnable_dtypes() {
   return dtypes;
 }
 
+struct Sizes {
+  int64_t B, n, m, d, dv;
+};
+
+// Queries (doubled, for sharper rows), keys and values in double.
+std::vector<torch::Tensor> random_qkv(const Sizes& c) {
+  return {torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2,
+          torch::randn({c.B, c.m, c.d}, torch::kDouble),
+          torch::randn({c.B, c.m, c.dv}, torch::kDouble)};
+}
+
+// No lengths, (B) and (B, n), with zeros and lengths above m.
+std::vector<torch::Tensor> every_kind_of_lengths(const Sizes& c) {
+  return {torch::Tensor(), torch::randint(0, c.m + 3, {c.B}),
+          torch::randint(0, c.m + 3, {c.B, c.n})};
+}
+
+std::vector<torch::Tensor> in_dtype(const std::vector<torch::Tensor>& qkv, torch::ScalarType dtype) {
+  return {qkv[0].to(dtype), qkv[1].to(dtype), qkv[2].to(dtype)};
+}
+
 // Sizes around the register tile (8 or 16 floats, 4 or 8 doubles), the query
 // block (32) and the key block (256); every kind of lengths, with zeros and
 // lengths above m.
 TEST_P(Flash, MatchesCompositeForwardAndBackwardInEveryDtype) {
-  struct Case {
-    int64_t B, n, m, d, dv;
-  };
-  const std::vector<Case> cases = {{2, 1, 1, 1, 1},     {3, 5, 9, 7, 3},      {2, 33, 17, 16, 5},
-                                   {2, 31, 257, 9, 17}, {1, 65, 300, 64, 64}, {4, 32, 256, 32, 8},
-                                   {2, 40, 520, 12, 33}};
+  const std::vector<Sizes> cases = {{2, 1, 1, 1, 1},     {3, 5, 9, 7, 3},      {2, 33, 17, 16, 5},
+                                    {2, 31, 257, 9, 17}, {1, 65, 300, 64, 64}, {4, 32, 256, 32, 8},
+                                    {2, 40, 520, 12, 33}};
   torch::manual_seed(21);
   for (const auto& c : cases) {
-    const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
-    const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
-    const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
-    const std::vector<torch::Tensor> all_lens = {
-        torch::Tensor(), torch::randint(0, c.m + 3, {c.B}), torch::randint(0, c.m + 3, {c.B, c.n}),
-        torch::randint(1, c.m + 1, {c.B}).to(torch::kFloat)};
+    const auto qkv = random_qkv(c);
+    auto all_lens = every_kind_of_lengths(c);
+    all_lens.push_back(torch::randint(1, c.m + 1, {c.B}).to(torch::kFloat));
     for (size_t l = 0; l < all_lens.size(); ++l) {
       for (const auto& tol : runnable_dtypes()) {
         const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{} {}", c.B, c.n, c.m, c.d,
                                       c.dv, l, c10::toString(tol.dtype));
-        check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, all_lens[l],
-                                tol, what);
+        check_against_composite(in_dtype(qkv, tol.dtype), all_lens[l], tol, what);
       }
     }
   }
@@ -161,19 +175,13 @@ TEST_P(Flash, WideScoresMatchComposite) {
 // features past a vector and past four (weighted_sum's register group), in
 // every dtype, with and without weights, at one and two threads.
 TEST_P(Flash, FewQueriesRowByRowMatchComposite) {
-  struct Case {
-    int64_t B, n, m, d, dv;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<Sizes> cases = {
       {3, 1, 1000, 64, 64}, {2, 3, 70, 67, 70}, {4, 2, 33, 5, 131}, {2, 34, 40, 16, 16}};
   torch::manual_seed(32);
   const int saved = at::get_num_threads();
   for (const auto& c : cases) {
-    const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
-    const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
-    const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
-    const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::randint(0, c.m + 3, {c.B}),
-                                                 torch::randint(0, c.m + 3, {c.B, c.n})};
+    const auto qkv = random_qkv(c);
+    const auto all_lens = every_kind_of_lengths(c);
     for (int threads : {1, 2}) {
       at::set_num_threads(threads);
       for (size_t l = 0; l < all_lens.size(); ++l) {
@@ -182,8 +190,7 @@ TEST_P(Flash, FewQueriesRowByRowMatchComposite) {
             const auto what =
                 fmt::format("B={} n={} m={} d={} dv={} threads {} lens#{} {} weights {}", c.B, c.n,
                             c.m, c.d, c.dv, threads, l, c10::toString(tol.dtype), weights);
-            check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)},
-                                    all_lens[l], tol, what, weights);
+            check_against_composite(in_dtype(qkv, tol.dtype), all_lens[l], tol, what, weights);
           }
         }
       }
@@ -264,25 +271,18 @@ TEST_P(Flash, KeyBlocksOfOneBatchEntryAddUpInDqAtTwoThreads) {
 // With weights asked for, the kernel writes them as it goes (Note [Flash
 // attention]); a gradient reaching them takes the saved-weights backward.
 TEST_P(Flash, WeightsMatchCompositeForwardAndBackwardInEveryDtype) {
-  struct Case {
-    int64_t B, n, m, d, dv;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<Sizes> cases = {
       {2, 1, 1, 1, 1}, {3, 5, 9, 7, 3}, {2, 31, 257, 9, 17}, {2, 50, 530, 12, 33}};
   torch::manual_seed(28);
   for (const auto& c : cases) {
-    const auto q = torch::randn({c.B, c.n, c.d}, torch::kDouble) * 2;
-    const auto k = torch::randn({c.B, c.m, c.d}, torch::kDouble);
-    const auto v = torch::randn({c.B, c.m, c.dv}, torch::kDouble);
-    const std::vector<torch::Tensor> all_lens = {torch::Tensor(), torch::randint(0, c.m + 3, {c.B}),
-                                                 torch::randint(0, c.m + 3, {c.B, c.n})};
+    const auto qkv = random_qkv(c);
+    const auto all_lens = every_kind_of_lengths(c);
     for (size_t l = 0; l < all_lens.size(); ++l) {
       for (const auto& tol : runnable_dtypes()) {
         for (int weights : {1, 2}) {
           const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{} {} weights {}", c.B, c.n,
                                         c.m, c.d, c.dv, l, c10::toString(tol.dtype), weights);
-          check_against_composite({q.to(tol.dtype), k.to(tol.dtype), v.to(tol.dtype)}, all_lens[l],
-                                  tol, what, weights);
+          check_against_composite(in_dtype(qkv, tol.dtype), all_lens[l], tol, what, weights);
         }
       }
     }
@@ -328,9 +328,9 @@ TEST_P(Flash, NonContiguousInputsMatchComposite) {
 // Rows with no valid key give zeros and zero gradients; keys past every
 // length get zero gradients; inf and NaN stored in the padding never reach
 // an output or a gradient.
-TEST_P(Flash, ZeroLengthRowsAndNonFinitePaddingStayClean) {
+void expect_padding_stays_clean(int64_t n) {
   torch::manual_seed(23);
-  const int64_t B = 3, n = 40, m = 300, d = 8;
+  const int64_t B = 3, m = 300, d = 8;
   auto q = torch::randn({B, n, d}), k = torch::randn({B, m, d}), v = torch::randn({B, m, 4});
   const auto lens = torch::tensor({0, 37, 260});
   const auto clean = value_and_grads([&](const auto& in) { return attend(in, lens, Path::kFused); },
@@ -348,6 +348,15 @@ TEST_P(Flash, ZeroLengthRowsAndNonFinitePaddingStayClean) {
                                      {q, k_bad, v_bad}, torch::ones({B, n, 4}));
   for (size_t i = 0; i < clean.size(); ++i) {
     EXPECT_TRUE(torch::equal(clean[i], dirty[i])) << "output " << i;
+  }
+}
+
+// With 40 queries the forward's blocks and the backward's register tiles run,
+// with 3 both run row by row.
+TEST_P(Flash, ZeroLengthRowsAndNonFinitePaddingStayClean) {
+  for (const int64_t n : {40, 3}) {
+    SCOPED_TRACE(fmt::format("{} queries", n));
+    expect_padding_stays_clean(n);
   }
 }
 
@@ -386,20 +395,23 @@ TEST_P(Flash, DoubleBackwardMatchesComposite) {
 // the same numbers at 1 and 2 threads, whichever thread takes which keys.
 TEST_P(Flash, SameNumbersAtOneAndTwoThreads) {
   torch::manual_seed(25);
-  const auto q = torch::randn({3, 70, 16}, torch::kDouble),
-             k = torch::randn({3, 600, 16}, torch::kDouble);
-  const auto v = torch::randn({3, 600, 8}, torch::kDouble);
-  const auto lens = torch::tensor({600, 3, 257});
-  const int saved = at::get_num_threads();
-  std::vector<std::vector<torch::Tensor>> runs;
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    runs.push_back(value_and_grads([&](const auto& in) { return attend(in, lens, Path::kFused); },
-                                   {q, k, v}, torch::ones({3, 70, 8}, torch::kDouble)));
-  }
-  at::set_num_threads(saved);
-  for (size_t i = 0; i < runs[0].size(); ++i) {
-    EXPECT_LT(max_rel_error(runs[0][i], runs[1][i]), 1e-13) << "output " << i;
+  // 70 queries: blocks and register tiles; 2: row by row in both passes.
+  for (const int64_t n : {70, 2}) {
+    const auto q = torch::randn({3, n, 16}, torch::kDouble),
+               k = torch::randn({3, 600, 16}, torch::kDouble);
+    const auto v = torch::randn({3, 600, 8}, torch::kDouble);
+    const auto lens = torch::tensor({600, 3, 257});
+    const int saved = at::get_num_threads();
+    std::vector<std::vector<torch::Tensor>> runs;
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      runs.push_back(value_and_grads([&](const auto& in) { return attend(in, lens, Path::kFused); },
+                                     {q, k, v}, torch::ones({3, n, 8}, torch::kDouble)));
+    }
+    at::set_num_threads(saved);
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      EXPECT_LT(max_rel_error(runs[0][i], runs[1][i]), 1e-13) << n << " queries, output " << i;
+    }
   }
 }
 
