@@ -46,7 +46,9 @@
 // dV, and adds each query block's (kQueryBlock rows) share of dQ to dQ under
 // that block's lock (one of 64, by block index). D = rowsum(dO ∘ O), computed
 // per query block where it is used, replaces the row sums of dP ∘ P. Pᵀ dO
-// and dSᵀ Q read P and dS transposed in place.
+// and dSᵀ Q read P and dS transposed in place. A batch entry of a few
+// queries (backward_by_rows) runs key by key instead (backward_rows), with
+// no packing and no register tiles.
 //
 // Work is split into one run of tasks per thread, of about equal cost (rows
 // times visited keys): with random lengths, equal numbers of tasks would
