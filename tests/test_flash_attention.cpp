@@ -121,7 +121,8 @@ std::vector<torch::Tensor> every_kind_of_lengths(const Sizes& c) {
           torch::randint(0, c.m + 3, {c.B, c.n})};
 }
 
-std::vector<torch::Tensor> in_dtype(const std::vector<torch::Tensor>& qkv, torch::ScalarType dtype) {
+std::vector<torch::Tensor> in_dtype(const std::vector<torch::Tensor>& qkv,
+                                    torch::ScalarType dtype) {
   return {qkv[0].to(dtype), qkv[1].to(dtype), qkv[2].to(dtype)};
 }
 

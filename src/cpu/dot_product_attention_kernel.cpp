@@ -251,10 +251,10 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
 
 // A block of only a few queries (decoding: one query a step) runs row by row
 // instead: as a block of W columns (32 floats on AVX-512), at one query 31 of
-// every 32 lanes of its products and exponentials would be padding. A row's scores are dot
-// products with its valid keys (scaled), then their exponentials and
-// Σ p V, two passes over one row of at most m scores a thread; with weights
-// the row is written in place, contiguous.
+// every 32 lanes of its products and exponentials would be padding. A row's
+// scores are dot products with its valid keys (scaled), then their
+// exponentials and Σ p V, two passes over one row of at most m scores a
+// thread; with weights the row is written in place, contiguous.
 
 // x · y over n elements.
 template <typename T>
@@ -389,7 +389,9 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
         if (!row_scratch) row_scratch.emplace(s);
         for (int64_t i = i0; i < i0 + rows; ++i) forward_row(args, *row_scratch, b, i);
       } else {
-        if (!scratch) scratch.emplace(s, args.kb, args.weights != nullptr ? div_up(s.m, args.kb) : 0);
+        if (!scratch) {
+          scratch.emplace(s, args.kb, args.weights != nullptr ? div_up(s.m, args.kb) : 0);
+        }
         forward_block(args, *scratch, b, i0, rows);
       }
     }
@@ -651,8 +653,8 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   // A batch entry of a few queries runs row by row (backward_rows), which reads
   // every operand in place: no padded copies.
   const bool rows_path = backward_by_rows(s.n, longest);
-  const Padded<T> qpad(qd, rows_path ? 0 : s.B * s.n, s.d), kpad(kd, rows_path ? 0 : s.B * s.m, s.d),
-      dopad(dod, rows_path ? 0 : s.B * s.n, s.dv);
+  const Padded<T> qpad(qd, rows_path ? 0 : s.B * s.n, s.d),
+      kpad(kd, rows_path ? 0 : s.B * s.m, s.d), dopad(dod, rows_path ? 0 : s.B * s.n, s.dv);
   std::array<std::mutex, kDqLocks> dq_locks;
   const BackwardArgs<T> args{s,         qd,        kd,         vd,      od,       dod,
                              lse.data_ptr<T>(),    qpad.data,  kpad.data, dopad.data,
