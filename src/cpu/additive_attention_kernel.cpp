@@ -213,13 +213,12 @@ void weights_grad_row(const T* go, const T* vT, T* g, int64_t L, int64_t d, int6
 
 // Costs for the work split (parallel_runs), in tanh lanes. The tanh are
 // computed a whole vector of keys at a time, so a row of L keys costs
-// round_up(L, S) of them per hidden unit: at the book's 10 keys every row costs
-// one vector of 16, whatever its length (counting L gave one of two threads
-// 356 rows and the other 284 in the backward at (64, 10, 10) with the bench's
-// lengths). A
-// product with the values costs an FMA lane per key and feature, about an
-// eighth of a tanh lane; each row adds its softmax and call, about
-// kRowCost (as in the masked softmax), and a store per key.
+// round_up(L, S) of them per hidden unit: at the book's 10 keys every row
+// costs one vector of 16, whatever its length (counting L gave one of two
+// threads 356 rows and the other 284 in the backward at (64, 10, 10) with the
+// bench's lengths). A product with the values costs an FMA lane per key and
+// feature, about an eighth of a tanh lane; each row adds its softmax and
+// call, about kRowCost (as in the masked softmax), and a store per key.
 constexpr int64_t kRowCost = 128, kFmaPerTanh = 8;
 
 template <typename T>
