@@ -122,6 +122,22 @@ TEST_P(Fused, MaskedSoftmaxExponentialIsAccurateOverTheWholeFloatRange) {
       d2l::masked_softmax(with_nan, torch::tensor({3}), Path::kFused).isnan().any().item<bool>());
 }
 
+// The row maximum that keeps the exponentials finite must see every valid
+// lane: one score of 1000 (e^1000 overflows float and double) at each
+// position of rows around the vector widths, zeros elsewhere, in every
+// dtype. The answer is exactly one-hot; a maximum that missed the lane would
+// give inf / inf = NaN.
+TEST_P(Fused, MaskedSoftmaxRowMaximumSeesEveryLane) {
+  for (int64_t m : {1, 5, 8, 10, 15, 16, 17, 31, 33}) {
+    const auto eye = torch::eye(m, torch::kDouble).view({1, m, m});
+    for (const auto& tol : kFastPathDtypes) {
+      const auto X = (eye * 1000).to(tol.dtype);
+      const auto y = d2l::masked_softmax(X, torch::full({1, m}, m, torch::kLong), Path::kFused);
+      EXPECT_TRUE(torch::equal(y.to(torch::kDouble), eye)) << "m=" << m << " " << tol.dtype;
+    }
+  }
+}
+
 TEST_P(Fused, MaskedSoftmaxOnNonContiguousInputWithOneDimLengths) {
   const auto X = torch::randn({9, 4, 2}, torch::kDouble).permute({2, 1, 0});  // (2, 4, 9)
   const auto lens = torch::tensor({0, 11});

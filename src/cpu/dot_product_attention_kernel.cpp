@@ -475,7 +475,7 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
     }
     if (j < valid) {
       const V g = vscale * V::loadu(p + j) * (V::loadu(ds + j) - delta);
-      V::set(V(T(0)), g, valid - j).store(ds + j);
+      set_first(V(T(0)), g, valid - j).store(ds + j);
       j += V::size();
     }
     if (j < kc) std::fill(ds + j, ds + kc, T(0));

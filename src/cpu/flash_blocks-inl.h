@@ -109,8 +109,8 @@ T exp_row(T* s, int64_t valid, int64_t kc, T scale, T shift) {
     vsum = vsum + p;
   }
   if (j < valid) {
-    const V p =
-        V::set(V(T(0)), softmax_exp(at::vec::fmadd(V::loadu(s + j), vscale, vshift)), valid - j);
+    const V e = softmax_exp(at::vec::fmadd(V::loadu(s + j), vscale, vshift));
+    const V p = set_first(V(T(0)), e, valid - j);
     p.store(s + j);
     vsum = vsum + p;
     j += V::size();

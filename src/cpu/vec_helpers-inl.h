@@ -163,6 +163,38 @@ inline void partial_store(const Vectorized<double>& v, double* p, int64_t r) {
 }
 #endif
 
+// Lanes [0, r) of `first` and the rest of `rest` (r <= size()): ATen's
+// Vectorized::set(rest, first, r), whose switch over r is an indirect jump
+// that random row lengths mispredict; on AVX2 and AVX-512 a masked blend.
+template <typename T>
+Vectorized<T> set_first(const Vectorized<T>& rest, const Vectorized<T>& first, int64_t r) {
+  return Vectorized<T>::set(rest, first, r);
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
+template <>
+inline Vectorized<float> set_first(const Vectorized<float>& rest, const Vectorized<float>& first,
+                                   int64_t r) {
+  return _mm512_mask_blend_ps(lanes16(r), rest, first);
+}
+template <>
+inline Vectorized<double> set_first(const Vectorized<double>& rest,
+                                    const Vectorized<double>& first, int64_t r) {
+  return _mm512_mask_blend_pd(lanes8(r), rest, first);
+}
+#elif defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
+template <>
+inline Vectorized<float> set_first(const Vectorized<float>& rest, const Vectorized<float>& first,
+                                   int64_t r) {
+  return _mm256_blendv_ps(rest, first, _mm256_castsi256_ps(lanes32(r)));
+}
+template <>
+inline Vectorized<double> set_first(const Vectorized<double>& rest,
+                                    const Vectorized<double>& first, int64_t r) {
+  return _mm256_blendv_pd(rest, first, _mm256_castsi256_pd(lanes64(r)));
+}
+#endif
+
 // The last, partial vector of a row's first L entries. When the row has room
 // for a whole vector past position j (room >= size), it is loaded whole, which
 // is cheaper still; callers blend away lanes r.. with Vectorized::set before
@@ -183,6 +215,17 @@ void store_tail(const Vectorized<T>& v, T* p, int64_t r, int64_t room) {
 
 // Horizontal sum and max of one vector. ATen's vec_reduce_all does log-free
 // shuffles through memory in a loop; per row that costs more than the row.
+template <typename T>
+T horizontal_max(const Vectorized<T>& v) {
+  T lanes[Vectorized<T>::size()];
+  v.store(lanes);
+  T mx = lanes[0];
+  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) {
+    mx = (std::isnan(mx) || mx > lanes[i]) && !std::isnan(lanes[i]) ? mx : lanes[i];
+  }
+  return mx;
+}
+
 template <typename T>
 T horizontal_sum(const Vectorized<T>& v) {
   T lanes[Vectorized<T>::size()];
@@ -220,6 +263,34 @@ inline float of(__m512 x) {
 inline double of(__m512d x) { return of(D2L_SHUFFLE(x, 0, 1, 2, 3) + D2L_SHUFFLE(x, 4, 5, 6, 7)); }
 #endif
 }  // namespace hsum
+// The same tree with max for the row maximum of the masked softmax and the
+// flash kernel's rows: horizontal_max's loop compares random scores one at
+// a time, and its mispredicted branches took a fifth of the book's
+// (64, 10, 10) masked softmax forward. Where a lane is NaN, max_ps may pass
+// it or not (it returns its second operand when either is NaN), unlike the
+// loop; either way the callers take that lane's exponential into the row's
+// sum, so the row comes out NaN as before.
+namespace hmax {
+inline float last(__m128 q) {
+  q = _mm_max_ps(q, D2L_SHUFFLE(q, 2, 3, 0, 1));
+  q = _mm_max_ps(q, D2L_SHUFFLE(q, 1, 0, 3, 2));
+  return q[0];
+}
+inline double last(__m128d q) { return _mm_max_pd(q, D2L_SHUFFLE(q, 1, 0))[0]; }
+inline float of(__m256 h) {
+  return last(_mm_max_ps(D2L_SHUFFLE(h, 0, 1, 2, 3), D2L_SHUFFLE(h, 4, 5, 6, 7)));
+}
+inline double of(__m256d h) { return last(_mm_max_pd(D2L_SHUFFLE(h, 0, 1), D2L_SHUFFLE(h, 2, 3))); }
+#if defined(CPU_CAPABILITY_AVX512)
+inline float of(__m512 x) {
+  return of(_mm256_max_ps(D2L_SHUFFLE(x, 0, 1, 2, 3, 4, 5, 6, 7),
+                          D2L_SHUFFLE(x, 8, 9, 10, 11, 12, 13, 14, 15)));
+}
+inline double of(__m512d x) {
+  return of(_mm256_max_pd(D2L_SHUFFLE(x, 0, 1, 2, 3), D2L_SHUFFLE(x, 4, 5, 6, 7)));
+}
+#endif
+}  // namespace hmax
 #undef D2L_SHUFFLE
 template <>
 inline float horizontal_sum(const Vectorized<float>& v) {
@@ -229,18 +300,16 @@ template <>
 inline double horizontal_sum(const Vectorized<double>& v) {
   return hsum::of(v);
 }
+template <>
+inline float horizontal_max(const Vectorized<float>& v) {
+  return hmax::of(v);
+}
+template <>
+inline double horizontal_max(const Vectorized<double>& v) {
+  return hmax::of(v);
+}
 #endif
 
-template <typename T>
-T horizontal_max(const Vectorized<T>& v) {
-  T lanes[Vectorized<T>::size()];
-  v.store(lanes);
-  T mx = lanes[0];
-  for (int64_t i = 1; i < Vectorized<T>::size(); ++i) {
-    mx = (std::isnan(mx) || mx > lanes[i]) && !std::isnan(lanes[i]) ? mx : lanes[i];
-  }
-  return mx;
-}
 
 template <typename T>
 T row_max(const T* x, int64_t L, int64_t m) {
@@ -249,7 +318,9 @@ T row_max(const T* x, int64_t L, int64_t m) {
   V vmax = lowest;
   int64_t j = 0;
   for (; j + V::size() <= L; j += V::size()) vmax = at::vec::maximum(vmax, V::loadu(x + j));
-  if (j < L) vmax = at::vec::maximum(vmax, V::set(lowest, load_tail(x + j, L - j, m - j), L - j));
+  if (j < L) {
+    vmax = at::vec::maximum(vmax, set_first(lowest, load_tail(x + j, L - j, m - j), L - j));
+  }
   return horizontal_max(vmax);
 }
 
@@ -312,14 +383,32 @@ inline Vectorized<float> softmax_exp(const Vectorized<float>& x) {
 }
 #endif
 
+// Where a row's zeros past its L valid entries start being written by a
+// fill, the rest of the row: the last, partial vector of the valid entries
+// is stored blended with zeros as far as the row lets it (its lanes up to m),
+// so that a row of at most one vector (the book's 10 keys) needs no fill. A
+// fill per row was a memset call of a random length, whose branches
+// mispredicted on every few rows.
+template <typename T>
+int64_t zeros_from(int64_t L, int64_t m) {
+  const int64_t j = L - L % Vectorized<T>::size();
+  return j == L ? L : std::min(m, j + Vectorized<T>::size());
+}
+
+// The partial vector of a row's valid entries, lanes r.. already zero, at
+// y + j: stored up to m (the row's room), so that it writes the first zeros.
+template <typename T>
+void store_tail_zeros(const Vectorized<T>& v, T* p, int64_t room) {
+  store_tail(v, p, std::min<int64_t>(room, Vectorized<T>::size()), room);
+}
+
 // One row of y = softmax(scale * x[0:L]) followed by zeros up to m. Masked
 // entries never reach a sum or an output lane, so whatever they hold (inf,
 // NaN) cannot leak.
 template <typename T>
 void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
   using V = Vectorized<T>;
-  std::fill(y + L, y + m, T(0));
-  if (L == 0) return;
+  if (L == 0) return std::fill(y, y + m, T(0));
   const T mx = row_max(x, L, m);
   const V vmax(mx), vscale(scale);
   V vsum(0);
@@ -330,16 +419,17 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
     vsum = vsum + e;
   }
   const int64_t r = L - j;
+  V tail(0);
   if (r > 0) {
-    const V e = V::set(V(0), softmax_exp((load_tail(x + j, r, m - j) - vmax) * vscale), r);
-    store_tail(e, y + j, r, m - j);
-    vsum = vsum + e;
+    tail = set_first(V(0), softmax_exp((load_tail(x + j, r, m - j) - vmax) * vscale), r);
+    vsum = vsum + tail;
   }
   const V inv(T(1) / horizontal_sum(vsum));
   for (j = 0; j + V::size() <= L; j += V::size()) (V::loadu(y + j) * inv).store(y + j);
   // Lanes past L hold zeros, but 0 * inv is NaN when the valid scores are all
   // -inf (or hold +inf or NaN): blend them back to exact zeros.
-  if (r > 0) store_tail(V::set(V(0), load_tail(y + j, r, m - j) * inv, r), y + j, r, m - j);
+  if (r > 0) store_tail_zeros(set_first(V(0), tail * inv, r), y + j, m - j);
+  std::fill(y + zeros_from<T>(L, m), y + m, T(0));
 }
 
 // dx = scale * y * (dy - <dy, y>) on the valid entries, zeros after them.
@@ -347,7 +437,6 @@ void softmax_row(const T* x, T* y, int64_t L, int64_t m, T scale) {
 template <typename T>
 void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, T scale) {
   using V = Vectorized<T>;
-  std::fill(dx + L, dx + m, T(0));
   V vdot(0);
   int64_t j = 0;
   for (; j + V::size() <= L; j += V::size()) {
@@ -356,7 +445,7 @@ void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, 
   const int64_t r = L - j;
   if (r > 0) {
     const V prod = load_tail(y + j, r, m - j) * load_tail(dy + j, r, m - j);
-    vdot = vdot + V::set(V(0), prod, r);
+    vdot = vdot + set_first(V(0), prod, r);
   }
   const V dot(horizontal_sum(vdot));
   const V vscale(scale);
@@ -365,8 +454,9 @@ void softmax_backward_row(const T* y, const T* dy, T* dx, int64_t L, int64_t m, 
   }
   if (r > 0) {
     const V g = vscale * load_tail(y + j, r, m - j) * (load_tail(dy + j, r, m - j) - dot);
-    store_tail(V::set(V(0), g, r), dx + j, r, m - j);
+    store_tail_zeros(set_first(V(0), g, r), dx + j, m - j);
   }
+  std::fill(dx + zeros_from<T>(L, m), dx + m, T(0));
 }
 
 }  // namespace
