@@ -200,6 +200,44 @@ TEST_P(Flash, FewQueriesRowByRowMatchComposite) {
   at::set_num_threads(saved);
 }
 
+// A decoding row of more than 512 valid keys without weights runs chunk by
+// chunk (kRowChunk) with an online softmax: keys whose scores grow down the
+// row, so that each chunk raises the maximum and the output so far is
+// rescaled (by up to e^-40 in float), lengths at and around the chunk
+// boundaries, in every dtype, forward and backward. A first chunk of scores
+// that are all -inf (a -inf key feature against a positive query feature)
+// must count as nothing, not NaN: the forward equals the composite's.
+TEST_P(Flash, LongDecodingRowsChunkByChunkMatchComposite) {
+  torch::manual_seed(41);
+  const int64_t B = 3, m = 1300, d = 16;
+  for (const int64_t n : {1, 3}) {
+    const auto q = torch::randn({B, n, d}, torch::kDouble) * 2;
+    const auto rising = torch::linspace(0, 1, m, torch::kDouble).view({1, m, 1});
+    const auto k = torch::randn({B, m, d}, torch::kDouble) * 0.3 + rising * q.mean(1, true) * 2;
+    const auto v = torch::randn({B, m, d}, torch::kDouble);
+    for (const auto& lens : {torch::Tensor(), torch::tensor({512, 513, 1025}),
+                             torch::tensor({1024, 1300, 600}).view({B, 1}).expand({B, n})}) {
+      for (const auto& tol : runnable_dtypes()) {
+        check_against_composite(in_dtype({q, k, v}, tol.dtype), lens, tol,
+                                fmt::format("n={} lengths {} {}", n, lens.defined(),
+                                            c10::toString(tol.dtype)));
+      }
+    }
+  }
+  auto q = torch::randn({1, 1, d}, torch::kDouble);
+  q[0][0][0] = 1.5;
+  auto k = torch::randn({1, m, d}, torch::kDouble);
+  k.narrow(1, 0, 512).select(2, 0).fill_(-std::numeric_limits<double>::infinity());
+  const auto v = torch::randn({1, m, d}, torch::kDouble);
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    const std::vector<torch::Tensor> qkv{q.to(dtype), k.to(dtype), v.to(dtype)};
+    const auto flash = attend(qkv, torch::Tensor(), Path::kFused);
+    EXPECT_FALSE(flash.isnan().any().item<bool>()) << dtype;
+    EXPECT_TRUE(torch::allclose(flash, attend(qkv, torch::Tensor(), Path::kComposite), 1e-5, 1e-6))
+        << dtype;
+  }
+}
+
 // Many query blocks (of one register tile of rows in the forward, 48 rows in
 // the backward; Note [Flash attention]), a last partial one, cut differently
 // where two threads split the work, with lengths that grow down the rows so

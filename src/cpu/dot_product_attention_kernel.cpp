@@ -58,7 +58,8 @@
 // of one register tile, and in the backward Q, K and dO with their feature
 // dimension padded to whole tiles (copies only where it is not already).
 // Beyond its outputs and lse, a call holds per thread one block's packed
-// operands and one block of scores (or P and dP): never (B, n, m), nor a
+// operands and one block of scores (or P and dP), or one chunk of a row's
+// scores (kRowChunk; the row with weights): never (B, n, m), nor a
 // packed copy of all of K and V, nor a per-thread copy of dQ, nor a (B, n)
 // buffer of D (these put the kernel's peak memory at up to three times
 // SDPA's). Where a feature dimension is a whole number of register tiles
@@ -254,8 +255,9 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
 // instead: as a block of W columns (32 floats on AVX-512), at one query 31 of
 // every 32 lanes of its products and exponentials would be padding. A row's
 // scores are dot products with its valid keys (scaled), then their
-// exponentials and Σ p V, two passes over one row of at most m scores a
-// thread; with weights the row is written in place, contiguous.
+// exponentials and Σ p V, two passes over at most kRowChunk scores a thread
+// (longer rows go chunk by chunk with an online softmax); with weights the
+// whole row's scores are kept and written in place, contiguous.
 
 // x · y over n elements.
 template <typename T>
@@ -270,19 +272,33 @@ T dot(const T* x, const T* y, int64_t n) {
   return horizontal_sum(acc);
 }
 
+// Keys a row's scores are computed for at a time when no weights are asked
+// for: 2 KiB of float scores a thread, in L1, instead of a row of m (8 KiB
+// a thread at m = 2048, which put the unmasked one-query forward's heap
+// peak 3.6-9.3 KiB above SDPA's).
+constexpr int64_t kRowChunk = 512;
+
 template <typename T>
 struct RowScratch {
-  std::unique_ptr<T[]> scores;  // round_up_to_tile(m): the exponentials' last vector stores whole
+  // Scores of a chunk, or with weights of the whole row, rounded up to a
+  // tile: the exponentials' last vector stores whole.
+  std::unique_ptr<T[]> scores;
+  int64_t room;
 
-  explicit RowScratch(const Dims& s) : scores(uninitialized_buffer<T>(round_up_to_tile<T>(s.m))) {}
+  RowScratch(const Dims& s, bool whole_rows)
+      : room(round_up_to_tile<T>(whole_rows ? s.m : std::min(s.m, kRowChunk))) {
+    scores = uninitialized_buffer<T>(room);
+  }
 };
 
 // out[0:cols] = factor · Σ_{j < L} p[j] V[j, 0:cols] for cols <= G vectors,
 // accumulated in G registers over one pass down V's rows (row stride ldv);
 // the last vector partial where the columns end.
+// With `keep` (a chunk of a row after the first), out = keep · out +
+// factor · Σ instead.
 template <typename T, int G>
 void weighted_sum_group(const T* p, const T* v, int64_t ldv, int64_t L, int64_t cols, T* out,
-                        T factor) {
+                        T factor, const T* keep) {
   using V = Vectorized<T>;
   constexpr int64_t S = V::size();
   V acc[G];
@@ -295,6 +311,17 @@ void weighted_sum_group(const T* p, const T* v, int64_t ldv, int64_t L, int64_t 
     if (tail > 0) acc[whole] = at::vec::fmadd(pj, partial_load(row + whole * S, tail), acc[whole]);
   }
   const V vfactor(factor);
+  if (keep != nullptr) {
+    const V vkeep(*keep);
+    for (int64_t g = 0; g < whole; ++g) {
+      at::vec::fmadd(vkeep, V::loadu(out + g * S), acc[g] * vfactor).store(out + g * S);
+    }
+    if (tail > 0) {
+      const V old = partial_load(out + whole * S, tail);
+      partial_store(at::vec::fmadd(vkeep, old, acc[whole] * vfactor), out + whole * S, tail);
+    }
+    return;
+  }
   for (int64_t g = 0; g < whole; ++g) (acc[g] * vfactor).store(out + g * S);
   if (tail > 0) partial_store(acc[whole] * vfactor, out + whole * S, tail);
 }
@@ -302,11 +329,38 @@ void weighted_sum_group(const T* p, const T* v, int64_t ldv, int64_t L, int64_t 
 // out[0:dv] = factor · Σ_{j < L} p[j] V[j, :], one pass down V per 4 vectors
 // of columns.
 template <typename T>
-void weighted_sum(const T* p, const T* v, int64_t dv, int64_t L, T* out, T factor) {
+void weighted_sum(const T* p, const T* v, int64_t dv, int64_t L, T* out, T factor,
+                  const T* keep = nullptr) {
   constexpr int64_t G = 4, S = Vectorized<T>::size();
   for (int64_t f0 = 0; f0 < dv; f0 += G * S) {
-    weighted_sum_group<T, G>(p, v + f0, dv, L, std::min(G * S, dv - f0), out + f0, factor);
+    weighted_sum_group<T, G>(p, v + f0, dv, L, std::min(G * S, dv - f0), out + f0, factor, keep);
   }
+}
+
+// forward_row without weights for a row of more than kRowChunk valid keys:
+// chunk by chunk with an online softmax, as the blocks do over key blocks.
+// A running maximum of -inf (every score so far -inf) shifts by 0, so that
+// those scores' exponentials are 0 rather than NaN; the output so far is
+// rescaled by e^(old max - new max) as each chunk raises the maximum.
+template <typename T>
+void forward_row_chunked(const ForwardArgs<T>& a, RowScratch<T>& w, const T* q, const T* k,
+                         const T* v, int64_t L, T* out, T* lse) {
+  const Dims& s = a.s;
+  constexpr T kNone = -std::numeric_limits<T>::infinity();
+  T* sc = w.scores.get();
+  T mx = kNone, sum = 0;
+  for (int64_t j0 = 0; j0 < L; j0 += kRowChunk) {
+    const int64_t c = std::min(kRowChunk, L - j0);
+    for (int64_t j = 0; j < c; ++j) sc[j] = a.scale * dot(q, k + (j0 + j) * s.d, s.d);
+    const T new_mx = std::max(mx, row_max(sc, c, w.room));
+    const T shift = new_mx == kNone ? T(0) : new_mx;
+    const T keep = mx == kNone ? T(0) : std::exp(mx - shift);
+    sum = sum * keep + exp_row(sc, c, c, T(1), shift);
+    weighted_sum(sc, v + j0 * s.dv, s.dv, c, out, T(1), j0 == 0 ? nullptr : &keep);
+    mx = new_mx;
+  }
+  scale_row(out, s.dv, T(1) / sum);
+  *lse = (mx == kNone ? T(0) : mx) + std::log(sum);
 }
 
 // Query row i of batch entry b.
@@ -324,10 +378,12 @@ void forward_row(const ForwardArgs<T>& a, RowScratch<T>& w, int64_t b, int64_t i
   }
   const T* q = a.q + row * s.d;
   const T* k = a.k + b * s.m * s.d;
+  if (weights == nullptr && L > kRowChunk) {
+    return forward_row_chunked(a, w, q, k, a.v + b * s.m * s.dv, L, out, a.lse + row);
+  }
   T* sc = w.scores.get();
   for (int64_t j = 0; j < L; ++j) sc[j] = a.scale * dot(q, k + j * s.d, s.d);
-  const int64_t room = round_up_to_tile<T>(s.m);
-  const T mx = row_max(sc, L, room);
+  const T mx = row_max(sc, L, w.room);
   // A maximum of -inf (every score -inf) gives NaN here as it does in the
   // blocks and the composite path: such keys hold infinities.
   const T sum = exp_row(sc, L, L, T(1), mx);
@@ -387,7 +443,7 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
       const int64_t b = t / blocks, i0 = t % blocks * W;
       const int64_t rows = std::min(W, s.n - i0);
       if (by_rows<T>(rows)) {
-        if (!row_scratch) row_scratch.emplace(s);
+        if (!row_scratch) row_scratch.emplace(s, args.weights != nullptr);
         for (int64_t i = i0; i < i0 + rows; ++i) forward_row(args, *row_scratch, b, i);
       } else {
         if (!scratch) {
