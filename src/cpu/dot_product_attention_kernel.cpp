@@ -337,30 +337,44 @@ void weighted_sum(const T* p, const T* v, int64_t dv, int64_t L, T* out, T facto
   }
 }
 
-// forward_row without weights for a row of more than kRowChunk valid keys:
-// chunk by chunk with an online softmax, as the blocks do over key blocks.
-// A running maximum of -inf (every score so far -inf) shifts by 0, so that
-// those scores' exponentials are 0 rather than NaN; the output so far is
-// rescaled by e^(old max - new max) as each chunk raises the maximum.
+// The shift of a row's exponentials for a running maximum: the maximum, or
+// 0 while it is -inf (every score so far -inf), so that those scores'
+// exponentials are 0 rather than NaN, as the blocks do.
 template <typename T>
-void forward_row_chunked(const ForwardArgs<T>& a, RowScratch<T>& w, const T* q, const T* k,
-                         const T* v, int64_t L, T* out, T* lse) {
+T shift_for(T mx) {
+  return mx == -std::numeric_limits<T>::infinity() ? T(0) : mx;
+}
+
+// A row's softmax over keys [j0, j1) of its batch entry (k, v), not yet
+// normalised: out = Σ e^(s_j - shift) V[j] and the sum of those
+// exponentials, with shift = shift_for(maximum of the scores s_j). The
+// keys go kRowChunk at a time, online: the output so far is rescaled by
+// e^(old shift - new shift) as each chunk raises the maximum.
+template <typename T>
+struct RowPartial {
+  T mx, sum;
+};
+
+template <typename T>
+RowPartial<T> row_partial(const ForwardArgs<T>& a, RowScratch<T>& w, const T* q, const T* k,
+                          const T* v, int64_t j0, int64_t j1, T* out) {
   const Dims& s = a.s;
-  constexpr T kNone = -std::numeric_limits<T>::infinity();
   T* sc = w.scores.get();
-  T mx = kNone, sum = 0;
-  for (int64_t j0 = 0; j0 < L; j0 += kRowChunk) {
-    const int64_t c = std::min(kRowChunk, L - j0);
-    for (int64_t j = 0; j < c; ++j) sc[j] = a.scale * dot(q, k + (j0 + j) * s.d, s.d);
-    const T new_mx = std::max(mx, row_max(sc, c, w.room));
-    const T shift = new_mx == kNone ? T(0) : new_mx;
-    const T keep = mx == kNone ? T(0) : std::exp(mx - shift);
-    sum = sum * keep + exp_row(sc, c, c, T(1), shift);
-    weighted_sum(sc, v + j0 * s.dv, s.dv, c, out, T(1), j0 == 0 ? nullptr : &keep);
-    mx = new_mx;
+  RowPartial<T> r{-std::numeric_limits<T>::infinity(), T(0)};
+  if (j0 == j1) std::fill_n(out, s.dv, T(0));
+  for (int64_t c0 = j0; c0 < j1; c0 += kRowChunk) {
+    const int64_t c = std::min(kRowChunk, j1 - c0);
+    for (int64_t j = 0; j < c; ++j) sc[j] = a.scale * dot(q, k + (c0 + j) * s.d, s.d);
+    const T mx = std::max(r.mx, row_max(sc, c, w.room));
+    // Nothing to keep after the first chunk, or after chunks of -inf only
+    // (their output is 0; e^(0 - mx) could overflow).
+    const bool nothing = c0 == j0 || r.mx == -std::numeric_limits<T>::infinity();
+    const T keep = nothing ? T(0) : std::exp(r.mx - mx);
+    r.sum = r.sum * keep + exp_row(sc, c, c, T(1), shift_for(mx));
+    weighted_sum(sc, v + c0 * s.dv, s.dv, c, out, T(1), c0 == j0 ? nullptr : &keep);
+    r.mx = mx;
   }
-  scale_row(out, s.dv, T(1) / sum);
-  *lse = (mx == kNone ? T(0) : mx) + std::log(sum);
+  return r;
 }
 
 // Query row i of batch entry b.
@@ -379,7 +393,10 @@ void forward_row(const ForwardArgs<T>& a, RowScratch<T>& w, int64_t b, int64_t i
   const T* q = a.q + row * s.d;
   const T* k = a.k + b * s.m * s.d;
   if (weights == nullptr && L > kRowChunk) {
-    return forward_row_chunked(a, w, q, k, a.v + b * s.m * s.dv, L, out, a.lse + row);
+    const RowPartial<T> r = row_partial(a, w, q, k, a.v + b * s.m * s.dv, 0, L, out);
+    scale_row(out, s.dv, T(1) / r.sum);
+    a.lse[row] = shift_for(r.mx) + std::log(r.sum);
+    return;
   }
   T* sc = w.scores.get();
   for (int64_t j = 0; j < L; ++j) sc[j] = a.scale * dot(q, k + j * s.d, s.d);
