@@ -203,14 +203,15 @@ std::map<std::string, CaseFactory> floor_cases() {
 // [1, m]. SDPA gets the equivalent boolean key-padding mask, as a user
 // calling it directly would give it. Shapes `sdpa128` ... `sdpa8192`, and
 // `sdpa128full` ... without masking. `sdpa<m>q1`: one query against m keys
-// (a decoding step: batch x heads = BH queries, each over its cache of keys).
+// (a decoding step: batch x heads = BH queries, each over its cache of keys);
+// `sdpa16384q1` is one such query alone (BH = 1, fewer rows than threads).
 
 const std::vector<Shape> kSdpaShapes = {
     {"sdpa128", 32, 128, 128, 64, 0},   {"sdpa512", 8, 512, 512, 64, 0},
     {"sdpa1024", 4, 1024, 1024, 64, 0}, {"sdpa2048", 4, 2048, 2048, 64, 0},
     {"sdpa4096", 2, 4096, 4096, 64, 0}, {"sdpa8192", 1, 8192, 8192, 64, 0},
     {"sdpa512q1", 32, 1, 512, 64, 0},   {"sdpa2048q1", 32, 1, 2048, 64, 0},
-    {"sdpa8192q1", 8, 1, 8192, 64, 0}};
+    {"sdpa8192q1", 8, 1, 8192, 64, 0},  {"sdpa16384q1", 1, 1, 16384, 64, 0}};
 
 torch::Tensor dot_attention(const Inputs& in, const std::vector<torch::Tensor>& qkv, d2l::Path path,
                             bool need_weights) {

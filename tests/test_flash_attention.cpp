@@ -200,14 +200,35 @@ TEST_P(Flash, FewQueriesRowByRowMatchComposite) {
   at::set_num_threads(saved);
 }
 
+// One query over m keys whose first 700 scores are -inf (a -inf key feature
+// against a positive query feature) and the rest about -112 in float and
+// -1100 in double, where e^-score overflows the dtype: the -inf keys count
+// as nothing (no NaN), both in a first chunk of them and in a first part of
+// a split over threads, and the output is the composite's (outputs of about
+// 0.1; in float a score of that size is only good to ~1e-5).
+void expect_minus_inf_keys_count_as_nothing(int64_t m, int64_t d) {
+  auto q = torch::randn({1, 1, d}, torch::kDouble);
+  q[0][0][0] = 1.5;
+  const auto v = torch::randn({1, m, d}, torch::kDouble);
+  for (const auto& [dtype, far, tol] : {std::tuple{torch::kDouble, -3000.0, 1e-12},
+                                        std::tuple{torch::kFloat, -300.0, 1e-5}}) {
+    auto k = torch::randn({1, m, d}, torch::kDouble);
+    k.narrow(1, 0, 700).select(2, 0).fill_(-std::numeric_limits<double>::infinity());
+    k.narrow(1, 700, m - 700).select(2, 0).fill_(far);
+    const std::vector<torch::Tensor> qkv{q.to(dtype), k.to(dtype), v.to(dtype)};
+    const auto flash = attend(qkv, torch::Tensor(), Path::kFused);
+    EXPECT_FALSE(flash.isnan().any().item<bool>()) << dtype << " threads " << at::get_num_threads();
+    EXPECT_TRUE(torch::allclose(flash, attend(qkv, torch::Tensor(), Path::kComposite), tol, tol))
+        << dtype << " threads " << at::get_num_threads();
+  }
+}
+
 // A decoding row of more than 512 valid keys without weights runs chunk by
 // chunk (kRowChunk) with an online softmax: keys whose scores grow down the
 // row, so that each chunk raises the maximum and the output so far is
 // rescaled (by up to e^-40 in float), lengths at and around the chunk
-// boundaries, in every dtype, forward and backward. A first chunk of scores
-// that are all -inf (a -inf key feature against a positive query feature)
-// must count as nothing, not NaN, before scores of about -1100: the forward
-// equals the composite's.
+// boundaries, in every dtype, forward and backward; and a first chunk of
+// only -inf scores.
 TEST_P(Flash, LongDecodingRowsChunkByChunkMatchComposite) {
   torch::manual_seed(41);
   const int64_t B = 3, m = 1300, d = 16;
@@ -225,22 +246,36 @@ TEST_P(Flash, LongDecodingRowsChunkByChunkMatchComposite) {
       }
     }
   }
-  auto q = torch::randn({1, 1, d}, torch::kDouble);
-  q[0][0][0] = 1.5;
-  const auto v = torch::randn({1, m, d}, torch::kDouble);
-  // The other scores about -112 in float and -1100 in double, where e^-score
-  // overflows the dtype; in float a score that size is only good to ~1e-5.
-  for (const auto& [dtype, far, rtol] : {std::tuple{torch::kDouble, -3000.0, 1e-10},
-                                         std::tuple{torch::kFloat, -300.0, 1e-4}}) {
-    auto k = torch::randn({1, m, d}, torch::kDouble);
-    k.narrow(1, 0, 512).select(2, 0).fill_(-std::numeric_limits<double>::infinity());
-    k.narrow(1, 512, m - 512).select(2, 0).fill_(far);
-    const std::vector<torch::Tensor> qkv{q.to(dtype), k.to(dtype), v.to(dtype)};
-    const auto flash = attend(qkv, torch::Tensor(), Path::kFused);
-    EXPECT_FALSE(flash.isnan().any().item<bool>()) << dtype;
-    EXPECT_TRUE(torch::allclose(flash, attend(qkv, torch::Tensor(), Path::kComposite), rtol, 1e-6))
-        << dtype;
+  expect_minus_inf_keys_count_as_nothing(m, d);
+}
+
+// One sequence decoding (B·H below the thread count) splits each row's keys
+// over threads and combines the parts: at 2 and 4 threads against the
+// composite path in every dtype, forward and backward, with one and three
+// queries, zero-length rows, parts of different lengths, features that end
+// inside a register tile; and a first part of only -inf scores.
+TEST_P(Flash, OneSequenceDecodingSplitsKeysOverThreads) {
+  torch::manual_seed(43);
+  const int saved = at::get_num_threads();
+  for (const int threads : {2, 4}) {
+    at::set_num_threads(threads);
+    for (const Sizes& c : {Sizes{1, 1, 1500, 24, 40}, Sizes{1, 3, 2100, 64, 64},
+                           Sizes{2, 1, 1100, 16, 16}}) {
+      const auto qkv = random_qkv(c);
+      const auto ragged = torch::tensor({0, 700, 2100}).narrow(0, 3 - c.n, c.n);
+      for (const auto& lens : {torch::Tensor(), torch::full({c.B, c.n}, 1030, torch::kLong),
+                               ragged.view({1, c.n}).expand({c.B, c.n})}) {
+        for (const auto& tol : runnable_dtypes()) {
+          check_against_composite(in_dtype(qkv, tol.dtype), lens, tol,
+                                  fmt::format("threads {} B={} n={} m={} lengths {} {}", threads,
+                                              c.B, c.n, c.m, lens.defined(),
+                                              c10::toString(tol.dtype)));
+        }
+      }
+    }
+    expect_minus_inf_keys_count_as_nothing(1300, 16);
   }
+  at::set_num_threads(saved);
 }
 
 // Many query blocks (of one register tile of rows in the forward, 48 rows in

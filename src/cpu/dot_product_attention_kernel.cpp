@@ -272,6 +272,24 @@ T dot(const T* x, const T* y, int64_t n) {
   return horizontal_sum(acc);
 }
 
+// y[0:n] = alpha · x[0:n], or += with kAccumulate.
+template <bool kAccumulate, typename T>
+void axpy(T* y, const T* x, T alpha, int64_t n) {
+  using V = Vectorized<T>;
+  const V valpha(alpha);
+  int64_t c = 0;
+  for (; c + V::size() <= n; c += V::size()) {
+    const V x_c = V::loadu(x + c);
+    (kAccumulate ? at::vec::fmadd(valpha, x_c, V::loadu(y + c)) : valpha * x_c).store(y + c);
+  }
+  if (c < n) {
+    const V x_c = partial_load(x + c, n - c);
+    partial_store(kAccumulate ? at::vec::fmadd(valpha, x_c, partial_load(y + c, n - c))
+                              : valpha * x_c,
+                  y + c, n - c);
+  }
+}
+
 // Keys a row's scores are computed for at a time when no weights are asked
 // for: 2 KiB of float scores a thread, in L1, instead of a row of m (8 KiB
 // a thread at m = 2048, which put the unmasked one-query forward's heap
@@ -424,6 +442,71 @@ bool by_rows(int64_t rows) {
   return rows * 3 <= ForwardScratch<T>::W;
 }
 
+// Decoding with fewer batch entries than threads (one sequence's heads, say)
+// splits each row's keys over threads instead (as flash-decoding does on
+// GPUs): `splits` parts of at least kRowChunk keys each, every part a
+// row_partial into its own slot of dv + 2 values (out, maximum, sum), then
+// one pass per row combines them, each part's output and sum rescaled by
+// e^(its shift - the row's shift). Without it, B·H = 1 ran on one thread
+// whatever the pool.
+template <typename T>
+int64_t key_splits(const Dims& s, int64_t tasks, int64_t longest, bool weights) {
+  const int64_t threads = at::get_num_threads();
+  if (weights || tasks >= threads || s.n > ForwardScratch<T>::W || !by_rows<T>(s.n)) return 1;
+  return std::clamp<int64_t>(std::min(threads / tasks, longest / kRowChunk), 1, threads);
+}
+
+template <typename T>
+void forward_split(const ForwardArgs<T>& a, int64_t splits) {
+  const Dims& s = a.s;
+  const int64_t slot = s.dv + 2, rows = s.B * s.n;
+  std::vector<T> parts(rows * splits * slot);
+  std::vector<int64_t> costs(rows * splits);
+  for (int64_t t = 0; t < rows * splits; ++t) {
+    costs[t] = (div_up(a.lens.at(t / splits, s.m), splits) + 1) * macs_to_grain(s);
+  }
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    RowScratch<T> w(s, false);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t row = t / splits, part = t % splits, b = row / s.n;
+      const int64_t L = a.lens.at(row, s.m);
+      T* out = parts.data() + t * slot;
+      const RowPartial<T> r =
+          row_partial(a, w, a.q + row * s.d, a.k + b * s.m * s.d, a.v + b * s.m * s.dv,
+                      L * part / splits, L * (part + 1) / splits, out);
+      out[s.dv] = r.mx;
+      out[s.dv + 1] = r.sum;
+    }
+  });
+  constexpr T kNone = -std::numeric_limits<T>::infinity();
+  for (int64_t row = 0; row < rows; ++row) {
+    T* out = a.out + row * s.dv;
+    const T* first = parts.data() + row * splits * slot;
+    if (a.lens.at(row, s.m) == 0) {
+      std::fill_n(out, s.dv, T(0));
+      a.lse[row] = kNone;
+      continue;
+    }
+    T mx = kNone;
+    for (int64_t p = 0; p < splits; ++p) mx = std::max(mx, first[p * slot + s.dv]);
+    T sum = 0;
+    for (int64_t p = 0; p < splits; ++p) {
+      const T* part = first + p * slot;
+      // A part of -inf scores only holds zeros (and e^(0 - mx) may overflow).
+      const T factor = part[s.dv] == kNone ? T(0) : std::exp(part[s.dv] - shift_for(mx));
+      sum += factor * part[s.dv + 1];
+      if (p == 0) {
+        std::copy_n(part, s.dv, out);
+        scale_row(out, s.dv, factor);
+      } else {
+        axpy<true>(out, part, factor, s.dv);
+      }
+    }
+    scale_row(out, s.dv, T(1) / sum);
+    a.lse[row] = shift_for(mx) + std::log(sum);
+  }
+}
+
 template <typename T>
 void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
@@ -453,6 +536,8 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
                             lse.data_ptr<T>(),
                             weights.defined() ? weights.data_ptr<T>() : nullptr,
                             key_block_size<T>(longest_any, 2)};
+  const int64_t splits = key_splits<T>(s, s.B * blocks, longest_any, args.weights != nullptr);
+  if (splits > 1) return forward_split(args, splits);
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     std::optional<ForwardScratch<T>> scratch;
     std::optional<RowScratch<T>> row_scratch;
@@ -613,24 +698,6 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
     if (!w.dv.empty()) {
       std::memcpy(a.dv + (b * s.m + j0 + j) * s.dv, w.dv.data() + j * a.ldv, s.dv * sizeof(T));
     }
-  }
-}
-
-// y[0:n] = alpha · x[0:n], or += with kAccumulate.
-template <bool kAccumulate, typename T>
-void axpy(T* y, const T* x, T alpha, int64_t n) {
-  using V = Vectorized<T>;
-  const V valpha(alpha);
-  int64_t c = 0;
-  for (; c + V::size() <= n; c += V::size()) {
-    const V x_c = V::loadu(x + c);
-    (kAccumulate ? at::vec::fmadd(valpha, x_c, V::loadu(y + c)) : valpha * x_c).store(y + c);
-  }
-  if (c < n) {
-    const V x_c = partial_load(x + c, n - c);
-    partial_store(kAccumulate ? at::vec::fmadd(valpha, x_c, partial_load(y + c, n - c))
-                              : valpha * x_c,
-                  y + c, n - c);
   }
 }
 
