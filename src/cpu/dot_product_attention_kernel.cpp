@@ -702,84 +702,80 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
 }
 
 // Scratch of backward_rows for a batch entry of n queries: each query's
-// share of dQ (n × d), and per query its valid keys in the block, D, and at
-// one key its score and dO·v, then p and dS.
+// share of dQ (n × d), and for one vector of keys their scores and dO·v,
+// then p and dS.
 template <typename T>
 struct RowsScratch {
   explicit RowsScratch(const Dims& s)
-      : dq_shares(s.n * s.d), valid(s.n), delta(s.n), p(s.n), ds(s.n) {}
-  std::vector<T> dq_shares;
-  std::vector<int64_t> valid;
-  std::vector<T> delta, p, ds;
+      : dq_shares(s.n * s.d), p(Vectorized<T>::size()), ds(Vectorized<T>::size()) {}
+  std::vector<T> dq_shares, p, ds;
 };
 
 // Key block [j0, j0 + kc) of batch entry b when the batch entry has only a
-// few queries (decoding shapes): key by key, as the forward's forward_row,
-// with no packing, no padded copies and no register tiles of which one row
-// is real. At each key, every query that sees it gets its two dot products
-// (q·k and dO·v, independent chains), then p = exp(scale·q·k - lse) and
-// dS = scale·p·(dO·v - D) for all of them in one vector (a scalar exp per
-// pair took a tenth of the book's forward+backward at 2 threads); the key's
-// rows of dV and dK get Σ p·dO and Σ dS·q over its queries, and each query's
-// share of dQ gets dS·k, added into dQ under the batch entry's lock at the
-// end. The block ends at the batch entry's longest length, so the longest
-// query sees every key of it: the first query that sees a key writes its
-// rows of dK and dV and the others add to them (no zero-fill pass first).
-// Lanes of queries that do not see the key are computed from stale scratch
-// and never read.
+// few queries (decoding shapes): query by query and, within a query, one
+// vector of keys at a time, as the forward's forward_row, with no packing,
+// no padded copies and no register tiles of which one row is real. For a
+// vector of keys the query's dot products (q·k and dO·v, independent chains)
+// come first, then p = exp(scale·q·k - lse) and dS = scale·p·(dO·v - D) in
+// one vector (a libm expf per pair took a tenth of the book's
+// forward+backward at 2 threads; a vector across queries, one lane at one
+// query, made decoding slower); then each key's rows of dV and dK get p·dO
+// and dS·q, and the query's share of dQ gets dS·k, added into dQ under the
+// batch entry's lock at the end. The block ends at the batch entry's
+// longest length, so every key of it is seen: the first query that sees a
+// key writes its rows of dK and dV and later ones add to them (no zero-fill
+// pass first). Lanes past a query's valid keys hold stale values and are
+// never read.
 template <typename T>
 void backward_rows(const BackwardArgs<T>& a, RowsScratch<T>& w, int64_t b, int64_t j0,
                    int64_t kc) {
   using V = Vectorized<T>;
+  constexpr int64_t S = V::size();
   const Dims& s = a.s;
   const int64_t row0 = b * s.n;
-  int64_t* valid = w.valid.data();
-  T *p = w.p.data(), *ds = w.ds.data(), *delta = w.delta.data();
-  for (int64_t i = 0; i < s.n; ++i) {
-    valid[i] = std::clamp<int64_t>(a.lens.at(row0 + i, s.m) - j0, 0, kc);
-    delta[i] = valid[i] > 0 ? dot(a.dout + (row0 + i) * s.dv, a.out + (row0 + i) * s.dv, s.dv) : 0;
-    p[i] = ds[i] = 0;
-  }
+  T *p = w.p.data(), *ds = w.ds.data();
   std::fill(w.dq_shares.begin(), w.dq_shares.end(), T(0));
   T* dk = a.dk + (b * s.m + j0) * s.d;
   T* dv = a.dv + (b * s.m + j0) * s.dv;
   const T* k = a.k + (b * s.m + j0) * s.d;
   const T* v = a.v + (b * s.m + j0) * s.dv;
   const V vscale(a.scale);
-  for (int64_t j = 0; j < kc; ++j) {
-    T* dk_j = dk + j * s.d;
-    T* dv_j = dv + j * s.dv;
-    const T* k_j = k + j * s.d;
-    for (int64_t i = 0; i < s.n; ++i) {
-      if (j >= valid[i]) continue;
-      p[i] = dot(a.q + (row0 + i) * s.d, k_j, s.d);
-      ds[i] = dot(a.dout + (row0 + i) * s.dv, v + j * s.dv, s.dv);
-    }
-    for (int64_t c = 0; c < s.n; c += V::size()) {
-      const int64_t r = std::min<int64_t>(V::size(), s.n - c);
-      const V e = softmax_exp(vscale * partial_load(p + c, r) - partial_load(a.lse + row0 + c, r));
-      partial_store(e, p + c, r);
-      partial_store(vscale * e * (partial_load(ds + c, r) - partial_load(delta + c, r)), ds + c, r);
-    }
-    bool first = true;
-    for (int64_t i = 0; i < s.n; ++i) {
-      if (j >= valid[i]) continue;
-      const T* q = a.q + (row0 + i) * s.d;
-      const T* dout = a.dout + (row0 + i) * s.dv;
-      if (first) {
-        axpy<false>(dv_j, dout, p[i], s.dv);
-        axpy<false>(dk_j, q, ds[i], s.d);
-        first = false;
-      } else {
-        axpy<true>(dv_j, dout, p[i], s.dv);
-        axpy<true>(dk_j, q, ds[i], s.d);
+  int64_t written = 0;  // keys [0, written) of the block have their rows of dK and dV
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t valid = std::clamp<int64_t>(a.lens.at(row0 + i, s.m) - j0, 0, kc);
+    if (valid == 0) continue;
+    const T* q = a.q + (row0 + i) * s.d;
+    const T* dout = a.dout + (row0 + i) * s.dv;
+    T* dq_share = w.dq_shares.data() + i * s.d;
+    const V lse(a.lse[row0 + i]), delta(dot(dout, a.out + (row0 + i) * s.dv, s.dv));
+    for (int64_t g = 0; g < valid; g += S) {
+      const int64_t r = std::min(S, valid - g);
+      for (int64_t j = 0; j < r; ++j) {
+        p[j] = dot(q, k + (g + j) * s.d, s.d);
+        ds[j] = dot(dout, v + (g + j) * s.dv, s.dv);
       }
-      axpy<true>(w.dq_shares.data() + i * s.d, k_j, ds[i], s.d);
+      const V e = softmax_exp(vscale * V::loadu(p) - lse);
+      e.store(p);
+      (vscale * e * (V::loadu(ds) - delta)).store(ds);
+      for (int64_t j = 0; j < r; ++j) {
+        const int64_t key = g + j;
+        if (key >= written) {
+          axpy<false>(dv + key * s.dv, dout, p[j], s.dv);
+          axpy<false>(dk + key * s.d, q, ds[j], s.d);
+        } else {
+          axpy<true>(dv + key * s.dv, dout, p[j], s.dv);
+          axpy<true>(dk + key * s.d, q, ds[j], s.d);
+        }
+        axpy<true>(dq_share, k + key * s.d, ds[j], s.d);
+      }
     }
+    written = std::max(written, valid);
   }
   std::lock_guard<std::mutex> guard(a.dq_locks[b % kDqLocks]);
   for (int64_t i = 0; i < s.n; ++i) {
-    if (valid[i] > 0) axpy<true>(a.dq + (row0 + i) * s.d, w.dq_shares.data() + i * s.d, T(1), s.d);
+    if (a.lens.at(row0 + i, s.m) > j0) {
+      axpy<true>(a.dq + (row0 + i) * s.d, w.dq_shares.data() + i * s.d, T(1), s.d);
+    }
   }
 }
 
