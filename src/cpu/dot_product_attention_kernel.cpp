@@ -803,10 +803,14 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   std::vector<int64_t> batch_longest(s.B);
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   T *dqd = dq.data_ptr<T>(), *dkd = dk.data_ptr<T>(), *dvd = dv.data_ptr<T>();
-  // The zeros of the gradients, in parallel: dq (which the tasks add their
-  // shares to) and the rows of dk and dv past each batch entry's longest
-  // length (the tasks write the rows below it).
-  at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
+  // The zeros of the gradients, in parallel where there are at least kGrain
+  // of them: dq (which the tasks add their shares to) and the rows of dk and
+  // dv past each batch entry's longest length (the tasks write the rows below
+  // it). With a grain of one batch entry, the toy shape (2 entries, 10 keys)
+  // opened a parallel region for a few dozen zeros, and its forward+backward took
+  // 19.1 us on 2 threads against 16.3 us on 1.
+  const int64_t zeros_per_entry = s.n * s.d + s.m * (s.d + s.dv);
+  at::parallel_for(0, s.B, grain_for(zeros_per_entry), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       std::fill_n(dqd + b * s.n * s.d, s.n * s.d, T(0));
       const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;

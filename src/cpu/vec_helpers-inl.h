@@ -292,22 +292,11 @@ inline double of(__m512d x) {
 #endif
 }  // namespace hmax
 #undef D2L_SHUFFLE
-template <>
-inline float horizontal_sum(const Vectorized<float>& v) {
-  return hsum::of(v);
-}
-template <>
-inline double horizontal_sum(const Vectorized<double>& v) {
-  return hsum::of(v);
-}
-template <>
-inline float horizontal_max(const Vectorized<float>& v) {
-  return hmax::of(v);
-}
-template <>
-inline double horizontal_max(const Vectorized<double>& v) {
-  return hmax::of(v);
-}
+// Overloads, which calls with float and double vectors prefer to the loops.
+inline float horizontal_sum(const Vectorized<float>& v) { return hsum::of(v); }
+inline double horizontal_sum(const Vectorized<double>& v) { return hsum::of(v); }
+inline float horizontal_max(const Vectorized<float>& v) { return hmax::of(v); }
+inline double horizontal_max(const Vectorized<double>& v) { return hmax::of(v); }
 #endif
 
 
