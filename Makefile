@@ -240,7 +240,7 @@ bench-book: deps deps-python configure
 # with random valid lengths, at each thread count, one process per shape;
 # prints a markdown table of medians and ratios.
 SDPA_SHAPES ?= sdpa128 sdpa512 sdpa1024 sdpa2048 sdpa4096 sdpa8192 sdpa128full sdpa512full sdpa2048full \
-               sdpa512q1 sdpa2048q1 sdpa8192q1 sdpa16384q1 sdpa2048q1full
+               sdpa512q1 sdpa2048q1 sdpa8192q1 sdpa16384q1 sdpa2048q1full sdpa16384q1full
 bench-sdpa: build-torch2
 	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_attention
