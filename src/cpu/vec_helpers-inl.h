@@ -197,7 +197,7 @@ inline Vectorized<double> set_first(const Vectorized<double>& rest,
 
 // The last, partial vector of a row's first L entries. When the row has room
 // for a whole vector past position j (room >= size), it is loaded whole, which
-// is cheaper still; callers blend away lanes r.. with Vectorized::set before
+// is cheaper still; callers blend away lanes r.. with set_first before
 // using them, so masked entries never count.
 template <typename T>
 Vectorized<T> load_tail(const T* p, int64_t r, int64_t room) {
