@@ -8,6 +8,7 @@
 #include <d2l/dot_product_attention.h>
 #include <d2l/multi_head_attention.h>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
@@ -347,6 +348,79 @@ TEST_P(Flash, KeyBlocksOfOneBatchEntryAddUpInDqAtTwoThreads) {
   }
 }
 
+// The intra-op thread count and torch's deterministic-algorithms flag for a
+// scope, both restored after it.
+class ThreadsAndDeterminism {
+ public:
+  ThreadsAndDeterminism(int threads, bool deterministic)
+      : threads_(at::get_num_threads()),
+        deterministic_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    at::set_num_threads(threads);
+    at::globalContext().setDeterministicAlgorithms(deterministic, false);
+  }
+  ~ThreadsAndDeterminism() {
+    at::set_num_threads(threads_);
+    at::globalContext().setDeterministicAlgorithms(deterministic_, warn_only_);
+  }
+  ThreadsAndDeterminism(const ThreadsAndDeterminism&) = delete;
+  ThreadsAndDeterminism& operator=(const ThreadsAndDeterminism&) = delete;
+
+ private:
+  int threads_;
+  bool deterministic_, warn_only_;
+};
+
+// Several threads add the shares of key blocks of one batch entry into its
+// rows of dQ. With deterministic algorithms on (and always on the rows path,
+// a few queries an entry), a run that starts inside an entry keeps its own
+// share, added after the others in run order: at 2, 3 and 4 threads every
+// call returns the same bits, and the numbers of 1 thread within float
+// rounding. One entry (every run meets in it), three of ragged lengths;
+// features in whole tiles (added into dQ's rows) and not (through a share);
+// and a few queries against many keys (row by row), without the flag too.
+TEST_P(Flash, BackwardSumsAreTheSameFromCallToCall) {
+  torch::manual_seed(47);
+  struct Case {
+    Sizes sizes;
+    torch::Tensor lens;
+    bool flag;
+  };
+  const std::vector<Case> cases{{{1, 151, 411, 64, 64}, torch::tensor({400}), true},
+                                {{1, 151, 411, 24, 40}, torch::Tensor(), true},
+                                {{3, 70, 600, 16, 8}, torch::tensor({600, 3, 457}), true},
+                                {{2, 3, 2000, 32, 32}, torch::tensor({1999, 1200}), false}};
+  for (const auto& c : cases) {
+    const auto qkv = in_dtype(random_qkv(c.sizes), torch::kFloat);
+    const auto upstream = torch::randn({c.sizes.B, c.sizes.n, c.sizes.dv});
+    auto run = [&] {
+      return value_and_grads([&](const auto& in) { return attend(in, c.lens, Path::kFused); },
+                             qkv, upstream);
+    };
+    std::vector<torch::Tensor> one;
+    {
+      ThreadsAndDeterminism scope(1, c.flag);
+      one = run();
+    }
+    for (const int threads : {2, 3, 4}) {
+      ThreadsAndDeterminism scope(threads, c.flag);
+      const std::string what = fmt::format("B={} n={} d={} threads {}", c.sizes.B, c.sizes.n,
+                                           c.sizes.d, threads);
+      const auto first = run();
+      for (int call = 0; call < 6; ++call) {
+        const auto again = run();
+        for (size_t i = 0; i < first.size(); ++i) {
+          EXPECT_TRUE(torch::equal(first[i], again[i])) << what << " call " << call << " output "
+                                                        << i;
+        }
+      }
+      for (size_t i = 0; i < first.size(); ++i) {
+        EXPECT_LT(max_rel_error(first[i], one[i]), 1e-5) << what << " output " << i;
+      }
+    }
+  }
+}
+
 // With weights asked for, the kernel writes them as it goes (Note [Flash
 // attention]); a gradient reaching them takes the saved-weights backward.
 TEST_P(Flash, WeightsMatchCompositeForwardAndBackwardInEveryDtype) {
@@ -420,10 +494,12 @@ void expect_padding_stays_clean(int64_t n) {
   v_bad[1].narrow(0, 37, m - 37).fill_(std::numeric_limits<float>::quiet_NaN());
   k_bad[2].narrow(0, 260, m - 260).fill_(std::numeric_limits<float>::quiet_NaN());
   v_bad[2].narrow(0, 260, m - 260).fill_(-std::numeric_limits<float>::infinity());
-  const int saved = at::get_num_threads();
-  for (const int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    SCOPED_TRACE(fmt::format("{} threads", threads));
+  // Bit for bit wherever dQ's sums have one order: 1 thread, the rows path,
+  // deterministic algorithms.
+  for (const auto [threads, flag] : {std::pair{1, false}, {2, false}, {2, true}}) {
+    ThreadsAndDeterminism scope(threads, flag);
+    const bool same_bits = threads == 1 || flag || n <= 12;
+    SCOPED_TRACE(fmt::format("{} threads, deterministic {}", threads, flag));
     const auto clean = value_and_grads(
         [&](const auto& in) { return attend(in, lens, Path::kFused); }, {q, k, v},
         torch::ones({B, n, 4}));
@@ -435,13 +511,12 @@ void expect_padding_stays_clean(int64_t n) {
         [&](const auto& in) { return attend(in, lens, Path::kFused); }, {q, k_bad, v_bad},
         torch::ones({B, n, 4}));
     for (size_t i = 0; i < clean.size(); ++i) {
-      EXPECT_TRUE(threads == 1 ? torch::equal(clean[i], dirty[i])
-                               : torch::allclose(clean[i], dirty[i], 1e-5, 1e-6))
+      EXPECT_TRUE(same_bits ? torch::equal(clean[i], dirty[i])
+                            : torch::allclose(clean[i], dirty[i], 1e-5, 1e-6))
           << "output " << i;
       EXPECT_FALSE(dirty[i].isnan().any().item<bool>()) << "output " << i;
     }
   }
-  at::set_num_threads(saved);
 }
 
 // With 40 queries the forward's blocks and the backward's register tiles run,

@@ -400,6 +400,57 @@ TEST_P(Fused, AdditiveThroughValuesSameNumbersAtOneAndTwoThreads) {
   }
 }
 
+// dK and dV of a batch entry gather the shares of the runs that meet in it.
+// One entry split over 3 and 4 threads (so three or four runs add into it):
+// a run that starts inside the entry adds its share after the others, in run
+// order, and every call returns the same bits, through the values and for
+// the weights alone; the numbers of 1 thread within float rounding.
+TEST_P(Fused, AdditiveBackwardSumsAreTheSameFromCallToCall) {
+  torch::manual_seed(48);
+  const int64_t B = 1, n = 128, m = 70, h = 32, d = 16;
+  const std::vector<torch::Tensor> inputs{torch::randn({B, n, 8}), torch::randn({B, m, 8}),
+                                          torch::randn({B, m, d}), torch::randn({h, 8}),
+                                          torch::randn({h, 8}),    torch::randn({1, h})};
+  const auto lens = torch::randint(0, m + 2, {B, n});
+  const auto G = torch::randn({B, n, d}), H = torch::randn({B, n, m});
+  const std::vector<torch::Tensor> projected{torch::randn({B, n, h}), torch::randn({B, m, h}),
+                                             torch::randn({1, h})};
+  const std::vector<std::pair<std::string, std::function<std::vector<torch::Tensor>()>>> passes{
+      {"through the values",
+       [&] {
+         return additive_through_values(inputs, lens, Path::kFused, AdditiveLoss::kBoth, G, H);
+       }},
+      {"weights alone", [&] {
+         return value_and_grads(
+             [&](const auto& in) {
+               return d2l::detail::additive_weights_nocheck(in[0], in[1], in[2], lens,
+                                                            Path::kFused);
+             },
+             projected, H);
+       }}};
+  const int saved = at::get_num_threads();
+  for (const auto& [name, pass] : passes) {
+    at::set_num_threads(1);
+    const auto one = pass();
+    for (const int threads : {3, 4}) {
+      at::set_num_threads(threads);
+      const auto first = pass();
+      for (int call = 0; call < 6; ++call) {
+        const auto again = pass();
+        for (size_t i = 0; i < first.size(); ++i) {
+          EXPECT_TRUE(torch::equal(first[i], again[i]))
+              << name << ", " << threads << " threads, call " << call << ", output " << i;
+        }
+      }
+      for (size_t i = 0; i < first.size(); ++i) {
+        EXPECT_LT(max_rel_error(first[i], one[i]), 1e-4)
+            << name << ", " << threads << " threads, output " << i;
+      }
+    }
+  }
+  at::set_num_threads(saved);
+}
+
 TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
   torch::manual_seed(14);
   for (const auto& tol : {kFastPathDtypes[0], kFastPathDtypes[1]}) {

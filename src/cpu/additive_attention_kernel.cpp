@@ -5,7 +5,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -300,8 +299,10 @@ void additive_backward_block(const T* qb, const T* kTb, const T* w, const T* ds,
 // w is factored out of the sums over j and i. Tasks are blocks of R queries,
 // split over threads by cost (rows times valid keys); each task owns its dq
 // rows, adds dk into a per-thread buffer for its batch entry that is added to
-// dk under a lock when the thread moves on, and dw gets one accumulator per
-// thread.
+// dk when the thread moves on, and dw gets one accumulator per run. A run
+// that starts inside a batch entry keeps that entry's buffers as its share,
+// added after the others in run order (Continuations), so that the sums come
+// out the same from call to call.
 //
 // With values (softmax only), the weights' gradient of a row is first made
 // from the output's, go_i · v_j (plus dout, a gradient reaching the weights
@@ -313,8 +314,6 @@ void additive_backward(const T* q, const T* k, const T* w, const T* y, const T* 
                        ValuesArgs<T> values = {}) {
   using V = Vectorized<T>;
   constexpr int64_t R = kQueryBlock;
-  const int64_t threads = at::get_num_threads();
-  std::vector<V> dw_acc(threads * s.h, V(0));
   const int64_t d = values.d;
   std::fill(dk, dk + s.B * s.m * s.h, T(0));
   if (values.on) std::fill(values.dv, values.dv + s.B * s.m * d, T(0));
@@ -335,23 +334,32 @@ void additive_backward(const T* q, const T* k, const T* w, const T* y, const T* 
     const int64_t L = longest(b, i0, rows), Lv = whole_vectors<T>(L);
     costs[t] = rows * (2 * Lv * s.h + (Lv + L) * d / kFmaPerTanh + s.m + kRowCost);
   }
-  std::mutex dk_lock;
-  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    V* dw_thread = dw_acc.data() + at::get_thread_num() * s.h;
+  const std::vector<int64_t> bounds = run_bounds(costs);
+  const int64_t runs = static_cast<int64_t>(bounds.size()) - 1;
+  std::vector<V> dw_acc(runs * s.h, V(0));
+  const Continuations shared = continuations(bounds, [&](int64_t t) { return t / blocks; });
+  // Each continuation's share of dk and of dv, in their layouts.
+  const int64_t dk_size = s.m * s.h, dv_size = s.m * d;
+  std::vector<T> dk_shares(shared.size() * dk_size), dv_shares(shared.size() * dv_size);
+  for_each_run(bounds, [&](int64_t run, int64_t t0, int64_t t1) {
+    V* dw_thread = dw_acc.data() + run * s.h;
+    const int64_t slot = shared.slot_of(run);
     std::vector<T> ds(R * s.m_pad), kT(s.h * s.m_pad), dk_local(s.h * s.m_pad);
     std::vector<T> dy_row(values.on ? s.m_pad : 0), vT(values.on ? d * s.m_pad : 0);
     std::vector<T> dv_local(values.on ? s.m * d : 0);
     // The batch entry kT, vT, dk_local and dv_local belong to; dk_local is
     // dk's transpose, added back transposed.
     int64_t batch = -1;
+    // Only this run adds into its batch entries' rows of dk and dv, or
+    // into its share (which starts at zero, as they do).
     auto flush = [&] {
       if (batch < 0) return;
-      std::lock_guard<std::mutex> guard(dk_lock);
-      T* dkb = dk + batch * s.m * s.h;
+      const bool share = slot >= 0 && batch == shared.entry[slot];
+      T* dkb = share ? dk_shares.data() + slot * dk_size : dk + batch * dk_size;
       for (int64_t j = 0; j < s.m; ++j) {
         for (int64_t c = 0; c < s.h; ++c) dkb[j * s.h + c] += dk_local[c * s.m_pad + j];
       }
-      T* dvb = values.dv + batch * s.m * d;
+      T* dvb = share ? dv_shares.data() + slot * dv_size : values.dv + batch * dv_size;
       for (size_t e = 0; e < dv_local.size(); ++e) dvb[e] += dv_local[e];
     };
     for (int64_t t = t0; t < t1; ++t) {
@@ -398,9 +406,14 @@ void additive_backward(const T* q, const T* k, const T* w, const T* y, const T* 
     }
     flush();
   });
+  add_shares(shared, dk_shares.data(), dk_size, [&](int64_t b) { return dk + b * dk_size; });
+  if (values.on) {
+    add_shares(shared, dv_shares.data(), dv_size,
+               [&](int64_t b) { return values.dv + b * dv_size; });
+  }
   for (int64_t c = 0; c < s.h; ++c) {
     V total(0);
-    for (int64_t t = 0; t < threads; ++t) total = total + dw_acc[t * s.h + c];
+    for (int64_t r = 0; r < runs; ++r) total = total + dw_acc[r * s.h + c];
     dw[c] = horizontal_sum(total);
   }
 }
