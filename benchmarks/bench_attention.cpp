@@ -4,7 +4,10 @@
 // read by benchmarks/compare.py.
 //
 //   bench_attention [--threads 1,2] [--shapes toy,d2l,mid,big,sdpa128,...,sdpa4096] [--no-memory]
-//                   [--composite-big] [Google Benchmark flags]
+//                   [--composite-big] [--deterministic] [Google Benchmark flags]
+//
+// --deterministic runs everything with torch's deterministic algorithms on
+// (the flash backward then sums dQ in a fixed order, README "Threads").
 
 #include <benchmark/benchmark.h>
 #include <d2l/attention.h>
@@ -286,6 +289,7 @@ struct Config {
   std::vector<std::string> shapes{"toy", "d2l", "mid", "big"};
   bool memory = true;
   bool composite_big = false;
+  bool deterministic = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -310,6 +314,8 @@ Config parse(int& argc, char** argv) {
       config.memory = false;
     } else if (arg == "--composite-big") {
       config.composite_big = true;
+    } else if (arg == "--deterministic") {
+      config.deterministic = true;
     } else {
       argv[kept++] = argv[i];
     }
@@ -350,6 +356,8 @@ int main(int argc, char** argv) {
   const Config config = parse(argc, argv);
   benchmark::AddCustomContext("d2l_cpu_isa", d2l::to_string(d2l::cpu_isa()));
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  at::globalContext().setDeterministicAlgorithms(config.deterministic, false);
+  benchmark::AddCustomContext("deterministic_algorithms", config.deterministic ? "on" : "off");
   for (const auto& shape : kShapes) {
     if (std::find(config.shapes.begin(), config.shapes.end(), shape.name) == config.shapes.end()) {
       continue;
