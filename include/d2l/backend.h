@@ -66,6 +66,15 @@ bool cpu_isa_available(CpuIsa isa);
 std::string to_string(CpuIsa isa);
 
 /// The CPU thread pools of this process (README, "Two thread pools").
+///
+/// At a given thread count the fused kernels return the same bits from call
+/// to call, except the flash backward's dQ with more than one thread and more
+/// than 12 queries a batch entry, whose key blocks add into it in the order
+/// the threads get there. With LibTorch's deterministic algorithms on
+/// (at::globalContext().setDeterministicAlgorithms(true, false);
+/// torch.use_deterministic_algorithms(True) in Python) it too sums in a fixed
+/// order, holding n × d more per extra thread (README, "Threads"). Results at
+/// different thread counts agree within rounding.
 struct CpuThreads {
   /// ATen's intra-op pool (OpenMP), which the fused kernels run on:
   /// at::get_num_threads().
