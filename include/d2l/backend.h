@@ -68,9 +68,10 @@ std::string to_string(CpuIsa isa);
 /// The CPU thread pools of this process (README, "Two thread pools").
 ///
 /// At a given thread count the fused kernels return the same bits from call
-/// to call, except the flash backward's dQ with more than one thread and more
-/// than 12 queries a batch entry, whose key blocks add into it in the order
-/// the threads get there. With LibTorch's deterministic algorithms on
+/// to call, except the flash backward's dQ with more than one thread on its
+/// block path (batch entries of more than 4 queries, or more than 12 where
+/// the longest length is at most 64 keys), whose key blocks add into it in
+/// the order the threads get there. With LibTorch's deterministic algorithms on
 /// (at::globalContext().setDeterministicAlgorithms(true, false);
 /// torch.use_deterministic_algorithms(True) in Python) it too sums in a fixed
 /// order, holding n × d more per extra thread (README, "Threads"). Results at
