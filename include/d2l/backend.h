@@ -69,7 +69,8 @@ std::string to_string(CpuIsa isa);
 ///
 /// At a given thread count the fused kernels return the same bits from call
 /// to call, except the flash backward's dQ with more than one thread and more
-/// than 12 queries a batch entry, whose key blocks add into it in the order
+/// than 12 queries a batch entry where there are few batch entries for the
+/// threads (one sequence, say): its key blocks then add into it in the order
 /// the threads get there. With LibTorch's deterministic algorithms on
 /// (at::globalContext().setDeterministicAlgorithms(true, false);
 /// torch.use_deterministic_algorithms(True) in Python) it too sums in a fixed
