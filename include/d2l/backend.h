@@ -70,8 +70,9 @@ std::string to_string(CpuIsa isa);
 /// At a given thread count the fused kernels return the same bits from call
 /// to call, except the flash backward's dQ with more than one thread on its
 /// block path (batch entries of more than 4 queries, or more than 12 where
-/// the longest length is at most 64 keys), whose key blocks add into it in
-/// the order the threads get there. With LibTorch's deterministic algorithms on
+/// the longest length is at most 64 keys) where there are few batch entries
+/// for the threads (one sequence, say): its key blocks then add into it in the
+/// order the threads get there. With LibTorch's deterministic algorithms on
 /// (at::globalContext().setDeterministicAlgorithms(true, false);
 /// torch.use_deterministic_algorithms(True) in Python) it too sums in a fixed
 /// order, holding n × d more per extra thread (README, "Threads"). Results at

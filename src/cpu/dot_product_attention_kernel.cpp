@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "cpu/dot_product_attention_kernel.h"
@@ -810,6 +812,28 @@ void backward_rows(const BackwardArgs<T>& a, RowsScratch<T>& w, int64_t b, int64
   }
 }
 
+// Whether the runs of the block path can add every shared batch entry's dQ
+// in run order by scheduling alone, with no share and no lock: each run that
+// continues an entry also holds tasks of other entries, which it runs first,
+// and takes its part of the continued entry last, after the run before it
+// (which runs that entry's tasks first) is done with them. It must not wait
+// long: the earlier run's part must cost no more than the later run's other
+// tasks. Waits point only to earlier runs, whose first tasks wait for
+// nothing, so runs that share a thread (in order) cannot deadlock.
+inline bool ordered_runs(const Continuations& c, const std::vector<int64_t>& bounds,
+                         const std::vector<int64_t>& task_b, const std::vector<int64_t>& costs) {
+  for (int64_t i = 0; i < c.size(); ++i) {
+    const int64_t r = c.run[i], b = c.entry[i];
+    const int64_t t0 = bounds[r], t1 = bounds[r + 1];
+    if (task_b[t1 - 1] == b) return false;  // nothing else to run first
+    int64_t others = 0, earlier = 0;
+    for (int64_t t = t0; t < t1; ++t) others += task_b[t] == b ? 0 : costs[t];
+    for (int64_t t = t0 - 1; t >= bounds[r - 1] && task_b[t] == b; --t) earlier += costs[t];
+    if (earlier > others) return false;
+  }
+  return true;
+}
+
 // Whether the backward runs row by row (backward_rows) for n queries a batch
 // entry whose valid lengths reach `longest`. Measured one thread, d = dv = 64,
 // AVX-512 float, random lengths, forward+backward, rows against blocks: one to
@@ -861,14 +885,12 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   // algorithms are asked for (torch::use_deterministic_algorithms): there a
   // run that starts inside a batch entry holds n × d of its own, which at one
   // sequence of 8192 queries (d 64, 2 threads) puts the forward+backward's
-  // peak at 4.5 MiB instead of 2.5, above SDPA's 4.1. Otherwise key blocks
-  // add into dQ under locks, in the order the threads reach them.
+  // peak at 4.5 MiB instead of 2.5, above SDPA's 4.1. Otherwise the runs
+  // order the sums by scheduling where they can (ordered_runs: each shared
+  // entry spans two runs, the later of which has other work to do first),
+  // and only where they cannot do key blocks add into dQ under locks, in
+  // the order the threads reach them.
   const bool deterministic = rows_path || at::globalContext().deterministicAlgorithms();
-  std::array<std::mutex, kDqLocks> dq_locks;
-  const BackwardArgs<T> args{s,         qd,        kd,         vd,      od,       dod,
-                             lse.data_ptr<T>(),    qpad.data,  kpad.data, dopad.data,
-                             qpad.ld,   dopad.ld,  row_lens,   T(scale), dqd,     dkd,
-                             dvd,       deterministic ? nullptr : dq_locks.data()};
   const int64_t kb = key_block_size<T>(longest, 4);
   // Tasks: the key blocks of each batch entry below its longest length, at a
   // cost of the rows and keys their query blocks visit.
@@ -876,7 +898,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   for (int64_t b = 0; b < s.B; ++b) {
     std::vector<int64_t> block_longest;
     for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
-      block_longest.push_back(longest_length(args.lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
+      block_longest.push_back(longest_length(row_lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
     }
     for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
       // The key block's packing, and per visited (row, key) the
@@ -897,9 +919,17 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   }
   if (costs.empty()) return;
   const std::vector<int64_t> bounds = run_bounds(costs);
-  const Continuations shared =
-      deterministic ? continuations(bounds, [&](int64_t t) { return task_b[t]; })
-                    : Continuations{};
+  const Continuations continued = continuations(bounds, [&](int64_t t) { return task_b[t]; });
+  // Where every shared entry can be summed in run order by scheduling alone
+  // (ordered_runs), no shares and no locks.
+  const bool ordered = !deterministic && continued.size() > 0 &&
+                       ordered_runs(continued, bounds, task_b, costs);
+  const Continuations shared = deterministic ? continued : Continuations{};
+  std::array<std::mutex, kDqLocks> dq_locks;
+  const BackwardArgs<T> args{s,         qd,        kd,         vd,      od,       dod,
+                             lse.data_ptr<T>(),    qpad.data,  kpad.data, dopad.data,
+                             qpad.ld,   dopad.ld,  row_lens,   T(scale), dqd,     dkd,
+                             dvd,       deterministic || ordered ? nullptr : dq_locks.data()};
   const int64_t share_size = s.n * s.d;
   const auto shares = shared.size() > 0 ? uninitialized_buffer<T>(shared.size() * share_size)
                                          : std::unique_ptr<T[]>();
@@ -912,6 +942,8 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     }
     return target;
   };
+  // ready[r]: run r - 1 has added its tasks of the entry run r continues.
+  std::vector<std::atomic<bool>> ready(ordered ? bounds.size() : 0);
   for_each_run(bounds, [&](int64_t r, int64_t t0, int64_t t1) {
     if (rows_path) {
       RowsScratch<T> scratch(s);
@@ -924,9 +956,29 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     }
     BackwardScratch<T> scratch(s, qpad.ld, dopad.ld, kb);
     scratch.target = target_of(r);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = task_b[t], j0 = task_j0[t];
-      backward_block(args, scratch, b, j0, std::min(kb, batch_longest[b] - j0));
+    const auto run = [&](int64_t first, int64_t last) {
+      for (int64_t t = first; t < last; ++t) {
+        const int64_t b = task_b[t], j0 = task_j0[t];
+        backward_block(args, scratch, b, j0, std::min(kb, batch_longest[b] - j0));
+      }
+    };
+    if (!ordered) return run(t0, t1);
+    // The entry this run continues (its head) goes last, once the run that
+    // holds the entry's first tasks has added them; the entry the next run
+    // continues (its tail) goes first, and says so when done.
+    int64_t head_end = t0, tail_begin = t1;
+    if (continued.slot_of(r) >= 0) {
+      while (task_b[head_end] == task_b[t0]) ++head_end;
+    }
+    if (continued.slot_of(r + 1) >= 0) {
+      while (tail_begin > head_end && task_b[tail_begin - 1] == task_b[t1 - 1]) --tail_begin;
+    }
+    run(tail_begin, t1);
+    if (tail_begin < t1) ready[r + 1].store(true, std::memory_order_release);
+    run(head_end, tail_begin);
+    if (t0 < head_end) {
+      while (!ready[r].load(std::memory_order_acquire)) std::this_thread::yield();
+      run(t0, head_end);
     }
   });
   add_shares(shared, shares.get(), share_size, [&](int64_t b) { return dqd + b * share_size; });
