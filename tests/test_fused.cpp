@@ -203,10 +203,18 @@ void check_additive(int64_t B, int64_t n, int64_t m, int64_t h, const torch::Ten
   expect_close(weights(Path::kFused), weights(Path::kComposite), tol, "weights " + what);
 }
 
+// The kernel loops over keys or over hidden units, whichever computes fewer
+// tanh lanes for the call's lengths. With 4, 8 or 16 lanes a vector (every
+// instruction set and dtype), m = 3 at h = 32 and m = 2 at h = 20 (hidden
+// units padded to whole vectors) always go over hidden units, and m = 40 at
+// h = 3 over keys; the other shapes go either way.
 TEST_P(Fused, AdditiveMatchesCompositeAcrossShapesAndDtypes) {
   torch::manual_seed(12);
   for (const auto& tol : kFastPathDtypes) {
-    for (auto [n, m, h] : {std::tuple{1, 10, 8}, {3, 7, 5}, {4, 9, 16}, {2, 17, 3}, {5, 33, 9}}) {
+    const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{
+        {1, 10, 8}, {3, 7, 5},  {4, 9, 16}, {2, 17, 3},
+        {5, 33, 9}, {6, 3, 32}, {5, 2, 20}, {3, 40, 3}};
+    for (auto [n, m, h] : shapes) {
       check_additive(2, n, m, h, torch::randint(0, m + 2, {2, n}), tol);
     }
     check_additive(3, 4, 8, 4, torch::tensor({0, 8, 20}), tol);
@@ -271,11 +279,13 @@ TEST_P(Fused, AdditiveThroughValuesMatchesCompositeInEveryDtype) {
   struct Case {
     int64_t B, n, m, query_size, key_size, h, d;
   };
-  // d around the vector widths (4, 8, 16 lanes) and across the 4-vector block.
+  // d around the vector widths (4, 8, 16 lanes) and across the 4-vector block;
+  // the last two over hidden units in every instruction set and dtype (see
+  // AdditiveMatchesCompositeAcrossShapesAndDtypes), one with h padded.
   for (const Case& c :
        {Case{2, 1, 10, 3, 4, 8, 2}, Case{2, 3, 7, 5, 6, 5, 9}, Case{3, 4, 9, 4, 4, 16, 17},
         Case{2, 2, 17, 3, 3, 3, 33}, Case{2, 5, 33, 6, 7, 9, 8}, Case{2, 4, 8, 4, 4, 4, 1},
-        Case{2, 3, 20, 4, 4, 8, 65}}) {
+        Case{2, 3, 20, 4, 4, 8, 65}, Case{3, 6, 3, 4, 5, 32, 8}, Case{2, 5, 2, 3, 4, 20, 17}}) {
     const std::vector<torch::Tensor> inputs64{
         torch::randn({c.B, c.n, c.query_size}, torch::kDouble),
         torch::randn({c.B, c.m, c.key_size}, torch::kDouble),
@@ -404,51 +414,56 @@ TEST_P(Fused, AdditiveThroughValuesSameNumbersAtOneAndTwoThreads) {
 // One entry split over 3 and 4 threads (so three or four runs add into it):
 // a run that starts inside the entry adds its share after the others, in run
 // order, and every call returns the same bits, through the values and for
-// the weights alone; the numbers of 1 thread within float rounding.
+// the weights alone; the numbers of 1 thread within float rounding. Over
+// keys (m = 70, h = 3) and over hidden units (m = 8, h = 32), and either way
+// at m = 70, h = 32 (the loop orders: AdditiveMatchesCompositeAcrossShapes).
 TEST_P(Fused, AdditiveBackwardSumsAreTheSameFromCallToCall) {
-  torch::manual_seed(48);
-  const int64_t B = 1, n = 128, m = 70, h = 32, d = 16;
-  const std::vector<torch::Tensor> inputs{torch::randn({B, n, 8}), torch::randn({B, m, 8}),
-                                          torch::randn({B, m, d}), torch::randn({h, 8}),
-                                          torch::randn({h, 8}),    torch::randn({1, h})};
-  const auto lens = torch::randint(0, m + 2, {B, n});
-  const auto G = torch::randn({B, n, d}), H = torch::randn({B, n, m});
-  const std::vector<torch::Tensor> projected{torch::randn({B, n, h}), torch::randn({B, m, h}),
-                                             torch::randn({1, h})};
-  const std::vector<std::pair<std::string, std::function<std::vector<torch::Tensor>()>>> passes{
-      {"through the values",
-       [&] {
-         return additive_through_values(inputs, lens, Path::kFused, AdditiveLoss::kBoth, G, H);
-       }},
-      {"weights alone", [&] {
-         return value_and_grads(
-             [&](const auto& in) {
-               return d2l::detail::additive_weights_nocheck(in[0], in[1], in[2], lens,
-                                                            Path::kFused);
-             },
-             projected, H);
-       }}};
-  const int saved = at::get_num_threads();
-  for (const auto& [name, pass] : passes) {
-    at::set_num_threads(1);
-    const auto one = pass();
-    for (const int threads : {3, 4}) {
-      at::set_num_threads(threads);
-      const auto first = pass();
-      for (int call = 0; call < 6; ++call) {
-        const auto again = pass();
+  for (const auto& [m, h] : {std::pair<int64_t, int64_t>{70, 32}, {70, 3}, {8, 32}}) {
+    torch::manual_seed(48);
+    const int64_t B = 1, n = 128, d = 16;
+    const std::vector<torch::Tensor> inputs{torch::randn({B, n, 8}), torch::randn({B, m, 8}),
+                                            torch::randn({B, m, d}), torch::randn({h, 8}),
+                                            torch::randn({h, 8}),    torch::randn({1, h})};
+    const auto lens = torch::randint(0, m + 2, {B, n});
+    const auto G = torch::randn({B, n, d}), H = torch::randn({B, n, m});
+    const std::vector<torch::Tensor> projected{torch::randn({B, n, h}), torch::randn({B, m, h}),
+                                               torch::randn({1, h})};
+    const std::vector<std::pair<std::string, std::function<std::vector<torch::Tensor>()>>> passes{
+        {"through the values",
+         [&] {
+           return additive_through_values(inputs, lens, Path::kFused, AdditiveLoss::kBoth, G, H);
+         }},
+        {"weights alone", [&] {
+           return value_and_grads(
+               [&](const auto& in) {
+                 return d2l::detail::additive_weights_nocheck(in[0], in[1], in[2], lens,
+                                                              Path::kFused);
+               },
+               projected, H);
+         }}};
+    const int saved = at::get_num_threads();
+    for (const auto& [name, pass] : passes) {
+      at::set_num_threads(1);
+      const auto one = pass();
+      for (const int threads : {3, 4}) {
+        at::set_num_threads(threads);
+        const auto first = pass();
+        for (int call = 0; call < 6; ++call) {
+          const auto again = pass();
+          for (size_t i = 0; i < first.size(); ++i) {
+            EXPECT_TRUE(torch::equal(first[i], again[i]))
+                << name << ", m " << m << ", h " << h << ", " << threads << " threads, call "
+                << call << ", output " << i;
+          }
+        }
         for (size_t i = 0; i < first.size(); ++i) {
-          EXPECT_TRUE(torch::equal(first[i], again[i]))
-              << name << ", " << threads << " threads, call " << call << ", output " << i;
+          EXPECT_LT(max_rel_error(first[i], one[i]), 1e-4)
+              << name << ", m " << m << ", h " << h << ", " << threads << " threads, output " << i;
         }
       }
-      for (size_t i = 0; i < first.size(); ++i) {
-        EXPECT_LT(max_rel_error(first[i], one[i]), 1e-4)
-            << name << ", " << threads << " threads, output " << i;
-      }
     }
+    at::set_num_threads(saved);
   }
-  at::set_num_threads(saved);
 }
 
 TEST_P(Fused, DotProductImplsAgreeForwardAndBackward) {
