@@ -60,8 +60,7 @@ template <typename T>
 int64_t lanes_by_keys(int64_t L, const AdditiveShape& s) {
   return whole_vectors<T>(L) * s.h;
 }
-template <typename T>
-int64_t lanes_by_hidden(int64_t L, const AdditiveShape& s) {
+inline int64_t lanes_by_hidden(int64_t L, const AdditiveShape& s) {
   return L * (s.h_pad + kSumLanes);
 }
 
@@ -71,7 +70,7 @@ bool by_hidden_units(const AdditiveShape& s, const RowLengths& lens, bool softma
   for (int64_t r = 0; r < s.B * s.n; ++r) {
     const int64_t L = softmax ? lens.at(r, s.m) : s.m;
     keys += lanes_by_keys<T>(L, s);
-    hidden += lanes_by_hidden<T>(L, s);
+    hidden += lanes_by_hidden(L, s);
   }
   return hidden < keys;
 }
@@ -309,7 +308,7 @@ void additive_forward(const T* q, const T* k, const T* w, T* out, AdditiveShape 
   std::vector<int64_t> costs(s.B * s.n);
   for (int64_t r = 0; r < s.B * s.n; ++r) {
     const int64_t L = softmax ? lens.at(r, s.m) : s.m;
-    costs[r] = (s.by_hidden ? lanes_by_hidden<T>(L, s) : lanes_by_keys<T>(L, s)) +
+    costs[r] = (s.by_hidden ? lanes_by_hidden(L, s) : lanes_by_keys<T>(L, s)) +
                L * values.d / kFmaPerTanh + s.m + kRowCost;
   }
   parallel_runs(costs, [&](int64_t begin, int64_t end) {

@@ -458,7 +458,7 @@ bool by_rows(int64_t rows) {
 template <typename T>
 int64_t key_splits(const Dims& s, int64_t tasks, int64_t longest, bool weights) {
   const int64_t threads = at::get_num_threads();
-  if (weights || tasks >= threads || s.n > ForwardScratch<T>::W || !by_rows<T>(s.n)) return 1;
+  if (weights || tasks >= threads || !by_rows<T>(s.n)) return 1;
   return std::clamp<int64_t>(std::min(threads / tasks, longest / kRowChunk), 1, threads);
 }
 
