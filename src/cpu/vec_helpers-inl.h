@@ -15,6 +15,10 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
+#ifdef D2L_RUNS_ON_STD_THREADS
+#include <exception>
+#include <thread>
+#endif
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -86,9 +90,39 @@ void for_each_run(const std::vector<int64_t>& bounds, const F& body) {
   const auto runs = static_cast<int64_t>(bounds.size()) - 1;
   if (runs <= 0) return;
   if (runs == 1) return body(int64_t{0}, bounds[0], bounds[1]);
+#ifdef D2L_RUNS_ON_STD_THREADS
+  // The sanitizer builds have no OpenMP, and at::parallel_for would run every
+  // run on this thread: there each run but the first gets a thread of its
+  // own, so that ASan and TSan see the runs at once (thread start and join
+  // are the only synchronisation besides the kernels' own).
+  std::vector<std::exception_ptr> errors(runs);
+  const auto run = [&](int64_t r) {
+    try {
+      body(r, bounds[r], bounds[r + 1]);
+    } catch (...) {
+      errors[r] = std::current_exception();
+    }
+  };
+  {
+    std::vector<std::thread> threads;
+    struct JoinAll {
+      std::vector<std::thread>& threads;
+      ~JoinAll() {
+        for (auto& t : threads) t.join();
+      }
+    } join_all{threads};
+    threads.reserve(runs - 1);
+    for (int64_t r = 1; r < runs; ++r) threads.emplace_back(run, r);
+    run(0);
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+#else
   at::parallel_for(0, runs, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) body(r, bounds[r], bounds[r + 1]);
   });
+#endif
 }
 
 // body(first, last) for each run of tasks (run_bounds).
