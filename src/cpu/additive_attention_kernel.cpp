@@ -404,8 +404,7 @@ void additive_backward_block_by_hidden(const T* qb, const T* kb, const T* w, con
     }
     V dwc(0);
     for (int64_t j = 0; j < L; ++j) {
-      const T* kj = kb + j * s.h + c;
-      const V k = width == S ? V::loadu(kj) : partial_load(kj, width);
+      const V k = load_hidden(kb + j * s.h, c, s.h);
       V dk(0);
       for (int r = 0; r < Rows; ++r) {
         const V dsv(ds[r * s.m_pad + j]);
