@@ -131,6 +131,16 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention(
   check_linear_weight(fn, "W_k", W_k, h, keys.size(2), "queries", queries);
   check_linear_weight(fn, "w_v", w_v, 1, h, "queries", queries);
   check_dropout(fn, dropout);
+  const auto type = queries.scalar_type();
+  if (!(training && dropout > 0) && (type == torch::kFloat || type == torch::kDouble) &&
+      use_fused(fn, path, queries.device())) {
+    TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
+                          values.device());
+    auto [output, weights] =
+        additive_projected_autograd(queries, keys, values, W_q, W_k, w_v, lengths_arg(valid_lens));
+    if (!need_weights) weights = torch::Tensor();
+    return {std::move(output), std::move(weights)};
+  }
   auto [output, weights] = additive_attention_projected(
       linear(queries, W_q, {}, path), linear(keys, W_k, {}, path), values, w_v, valid_lens,
       dropout, training, path);

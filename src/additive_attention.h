@@ -51,6 +51,13 @@ torch::Tensor additive_autograd(const torch::Tensor& projected_queries,
 std::tuple<torch::Tensor, torch::Tensor> additive_values_autograd(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w, const torch::Tensor& lens);
+/// The module's whole op on the CPU in float or double without dropout: the
+/// projections by W_q (h, q) and W_k (h, k) and the fused kernel through the
+/// values, as one autograd node; (output, weights), w_v (1, h).
+std::tuple<torch::Tensor, torch::Tensor> additive_projected_autograd(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
+    const torch::Tensor& lens);
 torch::Tensor chunked_additive_autograd(const torch::Tensor& projected_queries,
                                         const torch::Tensor& projected_keys,
                                         const torch::Tensor& w_v, int64_t chunk_bytes);

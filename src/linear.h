@@ -19,6 +19,12 @@ namespace d2l::detail {
 /// for a parallel region. MKL (PyPI's wheels) already runs on ATen's threads.
 bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W);
 
+/// a (r, k) · b (k, c), a new (r, c) tensor, without autograd: split by rows
+/// of `a` over ATen's threads under the conditions of
+/// linear_splits_over_threads (r rows, r·k·c multiply-adds), else at::mm.
+/// For autograd functions that hold projections of their own.
+torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b);
+
 /// y = x Wᵀ (+ b), the same as torch::nn::functional::linear (the same
 /// checks and errors, gradients and double backward), split over threads
 /// where linear_splits_over_threads says so: forward and input gradient by

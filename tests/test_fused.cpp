@@ -861,3 +861,50 @@ TEST(FusedKernels, ModulesWithSplitProjectionsMatchOneThread) {
     EXPECT_LT(max_rel_error(two[i], one[i]), 1e-5) << "result " << i;
   }
 }
+
+// In float and double without dropout, AdditiveAttention is one autograd node
+// (projections and kernel), whose inputs are the module's leaves themselves;
+// it returns the gradients asked for, and only those, with the composite
+// path's values, also where the projections split over 2 threads.
+TEST(FusedKernels, AdditiveIsOneAutogradNodeGivingTheGradientsAsked) {
+  torch::manual_seed(19);
+  for (const int64_t threads : {1, 2}) {
+    ThreadsForScope scope(threads);
+    // (B n) q h = 4·96·32·64: the products split at 2 threads (OpenBLAS at 1).
+    const int64_t B = 4, n = 96, m = 70, h = 64;
+    for (const bool freeze : {false, true}) {
+      const auto what = fmt::format("threads {} freeze {}", threads, freeze);
+      std::vector<torch::Tensor> grads[2];
+      for (const Path path : {Path::kFused, Path::kComposite}) {
+        torch::manual_seed(20);
+        auto q = torch::randn({B, n, 32}).requires_grad_(), k = torch::randn({B, m, 24});
+        auto v = torch::randn({B, m, 5}).requires_grad_(!freeze);
+        auto W_q = (torch::randn({h, 32}) * 0.3).requires_grad_(!freeze);
+        auto W_k = (torch::randn({h, 24}) * 0.3).requires_grad_();
+        auto w_v = torch::randn({1, h}).requires_grad_();
+        const auto lens = torch::randint(0, m + 1, {B, n});
+        auto [out, weights] =
+            d2l::functional::additive_attention(q, k, v, W_q, W_k, w_v, lens, 0.0, false, path);
+        if (path == Path::kFused) {
+          const auto& node = out.grad_fn();
+          ASSERT_TRUE(node) << what;
+          EXPECT_THAT(node->name(), HasSubstr("AdditiveProjectedFunction")) << what;
+          EXPECT_EQ(weights.grad_fn(), node) << what;
+          for (const auto& edge : node->next_edges()) {
+            if (edge.function) EXPECT_THAT(edge.function->name(), HasSubstr("AccumulateGrad"));
+          }
+        }
+        (out.sum() + (weights * weights).sum()).backward();
+        EXPECT_FALSE(k.grad().defined()) << what;
+        for (const auto& t : {q, v, W_q, W_k, w_v}) {
+          EXPECT_EQ(t.grad().defined(), t.requires_grad()) << what;
+          if (t.grad().defined()) grads[path == Path::kFused ? 0 : 1].push_back(t.grad());
+        }
+      }
+      ASSERT_EQ(grads[0].size(), grads[1].size()) << what;
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        EXPECT_LT(max_rel_error(grads[0][i], grads[1][i]), 2e-4) << what << " gradient " << i;
+      }
+    }
+  }
+}

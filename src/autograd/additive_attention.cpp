@@ -14,6 +14,7 @@
 #include "additive_attention.h"
 #include "cpu/additive_attention_kernel.h"
 #include "cpu/kernel_args.h"
+#include "linear.h"
 
 namespace d2l::detail {
 namespace {
@@ -96,6 +97,63 @@ struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction
   }
 };
 
+// AdditiveAttention whole, for float and double without dropout: the two
+// projections and AdditiveValuesFunction's kernel in one autograd node. The
+// projections' products are split over ATen's threads where linear() would
+// split them (linear.h); as one node, the op leaves the autograd engine one
+// function to run instead of about ten (the projections' matmul, transpose and
+// reshape nodes, w_v's reshape), which at the book's toy sizes was most of
+// the forward+backward time.
+struct AdditiveProjectedFunction : torch::autograd::Function<AdditiveProjectedFunction> {
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& queries,
+                             const torch::Tensor& keys, const torch::Tensor& values,
+                             const torch::Tensor& W_q, const torch::Tensor& W_k,
+                             const torch::Tensor& w_v, const torch::Tensor& lens) {
+    ctx->set_materialize_grads(false);
+    const int64_t B = queries.size(0), n = queries.size(1), m = keys.size(1), h = W_q.size(0);
+    // Sizes spelled out: a -1 cannot be inferred for zero rows.
+    const auto q2 = queries.reshape({B * n, queries.size(2)});
+    const auto k2 = keys.reshape({B * m, keys.size(2)});
+    const auto q = mm_over_threads(q2, W_q.t()).view({B, n, h});
+    const auto k = mm_over_threads(k2, W_k.t()).view({B, m, h});
+    const auto w = w_v.reshape({-1}).contiguous(), v = values.contiguous();
+    auto weights = empty_output({B, n, m}, q.options());
+    auto out = empty_output({B, n, v.size(2)}, q.options());
+    cpu::additive_attention_kernels().forward_values(q, k, w, v, weights, out, lens);
+    ctx->save_for_backward({q2, k2, W_q, W_k, q, k, w, v, weights, lens});
+    return {out, weights};
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
+                "Path::kComposite when you need create_graph=true");
+    const auto saved = ctx->get_saved_variables();
+    const auto &q2 = saved[0], &k2 = saved[1], &W_q = saved[2], &W_k = saved[3], &q = saved[4],
+               &k = saved[5], &w = saved[6], &v = saved[7], &y = saved[8], &lens = saved[9];
+    const auto &dout_grad = grads[0], &dweights_grad = grads[1];
+    tensor_list result(7);
+    if (!dout_grad.defined() && !dweights_grad.defined()) return result;
+    const auto dout = dout_grad.defined()
+                          ? dout_grad.contiguous()
+                          : torch::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
+    const auto dy = dweights_grad.defined() ? dweights_grad.contiguous() : torch::Tensor();
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dw = torch::empty_like(w);
+    auto dv = torch::empty_like(v);
+    cpu::additive_attention_kernels().backward_values(q, k, w, v, y, dout, dy, dq, dk, dw, dv,
+                                                      lens);
+    const int64_t B = q.size(0), n = q.size(1), m = k.size(1), h = q.size(2);
+    const auto dq2 = dq.view({B * n, h}), dk2 = dk.view({B * m, h});
+    if (ctx->needs_input_grad(0)) result[0] = mm_over_threads(dq2, W_q).view({B, n, q2.size(1)});
+    if (ctx->needs_input_grad(1)) result[1] = mm_over_threads(dk2, W_k).view({B, m, k2.size(1)});
+    if (ctx->needs_input_grad(2)) result[2] = dv;
+    if (ctx->needs_input_grad(3)) result[3] = mm_over_threads(dq2.t(), q2);
+    if (ctx->needs_input_grad(4)) result[4] = mm_over_threads(dk2.t(), k2);
+    if (ctx->needs_input_grad(5)) result[5] = dw.view({1, h});
+    return result;
+  }
+};
+
 // Queries per block so that one block's (B, c, m, h) features stay near chunk_bytes.
 int64_t chunk_queries(const torch::Tensor& q, const torch::Tensor& k, int64_t chunk_bytes) {
   const int64_t per_query = q.size(0) * k.size(1) * q.size(2) * q.element_size();
@@ -156,6 +214,14 @@ std::tuple<torch::Tensor, torch::Tensor> additive_values_autograd(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w, const torch::Tensor& lens) {
   auto outputs = AdditiveValuesFunction::apply(projected_queries, projected_keys, values, w, lens);
+  return {std::move(outputs[0]), std::move(outputs[1])};
+}
+
+std::tuple<torch::Tensor, torch::Tensor> additive_projected_autograd(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
+    const torch::Tensor& lens) {
+  auto outputs = AdditiveProjectedFunction::apply(queries, keys, values, W_q, W_k, w_v, lens);
   return {std::move(outputs[0]), std::move(outputs[1])};
 }
 

@@ -94,6 +94,14 @@ struct ParallelLinearFunction : torch::autograd::Function<ParallelLinearFunction
   }
 };
 
+// Whether a product of `rows` rows and `multiply_adds` in all, on the CPU in
+// float or double, is split by rows over ATen's threads.
+bool product_splits(int64_t rows, int64_t multiply_adds) {
+  if (at::in_parallel_region() || at::get_num_threads() < 2) return false;
+  if (rows < at::get_num_threads() || multiply_adds < kMinMultiplyAdds) return false;
+  return cpu_threads().openblas == 1;
+}
+
 }  // namespace
 
 bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W) {
@@ -103,10 +111,19 @@ bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W) 
       x.size(-1) != W.size(1)) {
     return false;
   }
-  if (at::in_parallel_region() || at::get_num_threads() < 2) return false;
   const int64_t rows = x.numel() / std::max<int64_t>(1, x.size(-1));
-  if (rows < at::get_num_threads() || rows * W.size(0) * W.size(1) < kMinMultiplyAdds) return false;
-  return cpu_threads().openblas == 1;
+  return product_splits(rows, rows * W.size(0) * W.size(1));
+}
+
+torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto type = a.scalar_type();
+  const bool splits = a.device().is_cpu() && b.device().is_cpu() && b.scalar_type() == type &&
+                      (type == torch::kFloat || type == torch::kDouble) &&
+                      product_splits(a.size(0), a.size(0) * a.size(1) * b.size(1));
+  if (!splits) return at::mm(a, b);
+  auto out = torch::empty({a.size(0), b.size(1)}, a.options());
+  rows_over_threads(out, a, b);
+  return out;
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
