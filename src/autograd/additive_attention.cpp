@@ -22,6 +22,36 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// The fused kernel's backward is not differentiable (create_graph=true).
+void refuse_double_backward() {
+  TORCH_CHECK(!torch::GradMode::is_enabled(),
+              "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
+              "Path::kComposite when you need create_graph=true");
+}
+
+struct ValuesGrads {
+  torch::Tensor dq, dk, dw, dv;
+};
+
+// backward_values from the gradients of (output, weights), at most one of
+// them undefined (an output nothing used), in the kernel's dtype.
+ValuesGrads values_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& w,
+                            const torch::Tensor& v, const torch::Tensor& y,
+                            const torch::Tensor& lens, const torch::Tensor& dout_grad,
+                            const torch::Tensor& dweights_grad) {
+  const auto dtype = q.scalar_type();
+  const auto dout = dout_grad.defined()
+                        ? as_dtype(dout_grad, dtype).contiguous()
+                        : torch::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
+  const auto dy =
+      dweights_grad.defined() ? as_dtype(dweights_grad, dtype).contiguous() : torch::Tensor();
+  ValuesGrads g{torch::empty_like(q), torch::empty_like(k), torch::empty_like(w),
+                torch::empty_like(v)};
+  cpu::additive_attention_kernels().backward_values(q, k, w, v, y, dout, dy, g.dq, g.dk, g.dw, g.dv,
+                                                    lens);
+  return g;
+}
+
 struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& queries,
                                const torch::Tensor& keys, const torch::Tensor& w_v,
@@ -36,9 +66,7 @@ struct AdditiveFunction : torch::autograd::Function<AdditiveFunction> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    TORCH_CHECK(!torch::GradMode::is_enabled(),
-                "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
-                "Path::kComposite when you need create_graph=true");
+    refuse_double_backward();
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &w = saved[2], &out = saved[3], &lens = saved[4];
     const bool softmax = ctx->saved_data["softmax"].toBool();
@@ -72,9 +100,7 @@ struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    TORCH_CHECK(!torch::GradMode::is_enabled(),
-                "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
-                "Path::kComposite when you need create_graph=true");
+    refuse_double_backward();
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &w = saved[2], &v = saved[3], &y = saved[4],
                &lens = saved[5];
@@ -83,17 +109,9 @@ struct AdditiveValuesFunction : torch::autograd::Function<AdditiveValuesFunction
     if (!dout_grad.defined() && !dweights_grad.defined()) return tensor_list(5);
     const auto grad_dtype =
         dout_grad.defined() ? dout_grad.scalar_type() : dweights_grad.scalar_type();
-    const int64_t d = v.size(2);
-    const auto dout = dout_grad.defined() ? as_dtype(dout_grad, q.scalar_type()).contiguous()
-                                          : torch::zeros({q.size(0), q.size(1), d}, q.options());
-    const auto dy = dweights_grad.defined() ? as_dtype(dweights_grad, q.scalar_type()).contiguous()
-                                            : torch::Tensor();
-    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dw = torch::empty_like(w);
-    auto dv = torch::empty_like(v);
-    cpu::additive_attention_kernels().backward_values(q, k, w, v, y, dout, dy, dq, dk, dw, dv,
-                                                      lens);
-    return {as_dtype(dq, grad_dtype), as_dtype(dk, grad_dtype),
-            as_dtype(dv, grad_dtype), as_dtype(dw, grad_dtype), torch::Tensor()};
+    const auto g = values_backward(q, k, w, v, y, lens, dout_grad, dweights_grad);
+    return {as_dtype(g.dq, grad_dtype), as_dtype(g.dk, grad_dtype), as_dtype(g.dv, grad_dtype),
+            as_dtype(g.dw, grad_dtype), torch::Tensor()};
   }
 };
 
@@ -125,31 +143,22 @@ struct AdditiveProjectedFunction : torch::autograd::Function<AdditiveProjectedFu
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    TORCH_CHECK(!torch::GradMode::is_enabled(),
-                "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
-                "Path::kComposite when you need create_graph=true");
+    refuse_double_backward();
     const auto saved = ctx->get_saved_variables();
     const auto &q2 = saved[0], &k2 = saved[1], &W_q = saved[2], &W_k = saved[3], &q = saved[4],
                &k = saved[5], &w = saved[6], &v = saved[7], &y = saved[8], &lens = saved[9];
     const auto &dout_grad = grads[0], &dweights_grad = grads[1];
     tensor_list result(7);
     if (!dout_grad.defined() && !dweights_grad.defined()) return result;
-    const auto dout = dout_grad.defined()
-                          ? dout_grad.contiguous()
-                          : torch::zeros({q.size(0), q.size(1), v.size(2)}, q.options());
-    const auto dy = dweights_grad.defined() ? dweights_grad.contiguous() : torch::Tensor();
-    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dw = torch::empty_like(w);
-    auto dv = torch::empty_like(v);
-    cpu::additive_attention_kernels().backward_values(q, k, w, v, y, dout, dy, dq, dk, dw, dv,
-                                                      lens);
+    const auto g = values_backward(q, k, w, v, y, lens, dout_grad, dweights_grad);
     const int64_t B = q.size(0), n = q.size(1), m = k.size(1), h = q.size(2);
-    const auto dq2 = dq.view({B * n, h}), dk2 = dk.view({B * m, h});
+    const auto dq2 = g.dq.view({B * n, h}), dk2 = g.dk.view({B * m, h});
     if (ctx->needs_input_grad(0)) result[0] = mm_over_threads(dq2, W_q).view({B, n, q2.size(1)});
     if (ctx->needs_input_grad(1)) result[1] = mm_over_threads(dk2, W_k).view({B, m, k2.size(1)});
-    if (ctx->needs_input_grad(2)) result[2] = dv;
+    if (ctx->needs_input_grad(2)) result[2] = g.dv;
     if (ctx->needs_input_grad(3)) result[3] = mm_over_threads(dq2.t(), q2);
     if (ctx->needs_input_grad(4)) result[4] = mm_over_threads(dk2.t(), k2);
-    if (ctx->needs_input_grad(5)) result[5] = dw.view({1, h});
+    if (ctx->needs_input_grad(5)) result[5] = g.dw.view({1, h});
     return result;
   }
 };
