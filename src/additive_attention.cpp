@@ -76,17 +76,27 @@ torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
   return composite_masked_softmax(scores, valid_lens);
 }
 
+namespace {
+
+// Without dropout the fused kernel also multiplies by the values: the whole
+// op then runs on ATen's threads, with no bmm through OpenBLAS's pool
+// (README, "Two thread pools"). Dropout keeps weights, dropout, bmm.
+bool fused_through_values(const char* fn, const torch::Tensor& queries, const torch::Tensor& values,
+                          double dropout, bool training, Path path) {
+  if ((training && dropout > 0) || !use_fused(fn, path, queries.device())) return false;
+  TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
+                        values.device());
+  return true;
+}
+
+}  // namespace
+
 std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
     double dropout, bool training, Path path) {
-  // Without dropout the fused kernel also multiplies by the values: the
-  // whole op then runs on ATen's threads, with no bmm through OpenBLAS's
-  // pool (README, "Two thread pools"). Dropout keeps weights, dropout, bmm.
-  if (!(training && dropout > 0) &&
-      use_fused("d2l::AdditiveAttention", path, projected_queries.device())) {
-    TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
-                          values.device());
+  if (fused_through_values("d2l::AdditiveAttention", projected_queries, values, dropout, training,
+                           path)) {
     return additive_values_autograd(projected_queries, projected_keys, values, w_v.reshape({-1}),
                                     lengths_arg(valid_lens));
   }
@@ -131,19 +141,16 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention(
   check_linear_weight(fn, "W_k", W_k, h, keys.size(2), "queries", queries);
   check_linear_weight(fn, "w_v", w_v, 1, h, "queries", queries);
   check_dropout(fn, dropout);
+  // In float and double the projections join the kernel's autograd node.
   const auto type = queries.scalar_type();
-  if (!(training && dropout > 0) && (type == torch::kFloat || type == torch::kDouble) &&
-      use_fused(fn, path, queries.device())) {
-    TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
-                          values.device());
-    auto [output, weights] =
-        additive_projected_autograd(queries, keys, values, W_q, W_k, w_v, lengths_arg(valid_lens));
-    if (!need_weights) weights = torch::Tensor();
-    return {std::move(output), std::move(weights)};
-  }
-  auto [output, weights] = additive_attention_projected(
-      linear(queries, W_q, {}, path), linear(keys, W_k, {}, path), values, w_v, valid_lens,
-      dropout, training, path);
+  auto [output, weights] =
+      (type == torch::kFloat || type == torch::kDouble) &&
+              fused_through_values(fn, queries, values, dropout, training, path)
+          ? additive_projected_autograd(queries, keys, values, W_q, W_k, w_v,
+                                        lengths_arg(valid_lens))
+          : additive_attention_projected(linear(queries, W_q, {}, path),
+                                         linear(keys, W_k, {}, path), values, w_v, valid_lens,
+                                         dropout, training, path);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
 }
