@@ -3,7 +3,17 @@
 #   fmt    - D2L_FMT_INCLUDE_DIR=<fmt/include> to use it header-only
 #   GTest  - D2L_GTEST_SOURCE_DIR=<googletest sources>
 include(D2LFindTorch)
-d2l_find_torch(REQUIRED)
+d2l_find_torch(QUIET)
+if(NOT Torch_FOUND)
+  message(FATAL_ERROR
+    "d2l_attention needs LibTorch 1.13 or newer, and CMake found none (CMAKE_PREFIX_PATH: "
+    "'${CMAKE_PREFIX_PATH}', Torch_DIR: '${Torch_DIR}'). Get one of:\n"
+    "  1. Debian/Ubuntu: sudo apt install libtorch-dev (or make deps), then configure again;\n"
+    "  2. PyPI: pip install torch, then -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch.utils; "
+    "print(torch.utils.cmake_prefix_path)');\n"
+    "  3. an official LibTorch archive (pytorch.org, C++/LibTorch), unpacked, then "
+    "-DCMAKE_PREFIX_PATH=/path/to/libtorch.")
+endif()
 # Which LibTorch this is, in the configure output: with several on one machine
 # (Debian's and a wheel's), the one found is the first question to ask.
 if(TARGET torch)
@@ -27,8 +37,11 @@ endif()
 
 # PyPI's torch wheels (2.x) ship fmt's headers in their include directory,
 # which the compiler then finds before any other fmt: linking a system libfmt
-# of another version against them fails. Use those headers header-only.
-if(NOT D2L_FMT_INCLUDE_DIR AND EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h")
+# of another version against them fails. Use those headers header-only (which
+# costs about 4 s of compile time a file). A LibTorch installed in the
+# system's prefix (Debian's) shares the system's fmt headers: link libfmt.
+if(NOT D2L_FMT_INCLUDE_DIR AND EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/format.h"
+   AND NOT TORCH_INSTALL_PREFIX MATCHES "^/usr(/local)?/?$")
   set(D2L_FMT_INCLUDE_DIR "${TORCH_INSTALL_PREFIX}/include")
   message(STATUS "d2l_attention: fmt from LibTorch's own headers, header-only")
 endif()

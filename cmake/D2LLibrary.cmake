@@ -2,9 +2,13 @@
 # project, set up the one way: alias d2l::<export name>, version, public
 # headers from include/ (build and install), private headers from its own
 # folder, fmt kept private, warnings, sanitizers (coverage for the fuzzers)
-# and the precompiled torch header.
+# and the build tree's precompiled header.
 function(d2l_add_library target export_name)
-  add_library(${target} ${ARGN})
+  if(D2L_BUILD_SHARED)
+    add_library(${target} SHARED ${ARGN})
+  else()
+    add_library(${target} STATIC ${ARGN})
+  endif()
   add_library(d2l::${export_name} ALIAS ${target})
   set_target_properties(${target} PROPERTIES
     VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
@@ -15,7 +19,7 @@ function(d2l_add_library target export_name)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:${D2L_FMT_TARGET}>)
-  if(NOT D2L_FMT_INCLUDE_DIR AND NOT BUILD_SHARED_LIBS)
+  if(NOT D2L_FMT_INCLUDE_DIR AND NOT D2L_BUILD_SHARED)
     target_link_libraries(${target} PRIVATE $<INSTALL_INTERFACE:fmt::fmt>)
   endif()
   target_compile_options(${target} PRIVATE -Wall -Wextra)
@@ -24,7 +28,5 @@ function(d2l_add_library target export_name)
   else()
     d2l_sanitize(${target})
   endif()
-  if(D2L_USE_PCH)
-    target_precompile_headers(${target} PRIVATE <torch/torch.h>)
-  endif()
+  d2l_use_pch(${target})
 endfunction()

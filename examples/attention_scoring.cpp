@@ -7,7 +7,8 @@
 
 #include <d2l/attention.h>
 #include <d2l/viz/heatmap.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
+
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <zlib.h>
 
 #include <algorithm>

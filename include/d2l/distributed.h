@@ -24,7 +24,8 @@
 #include <d2l/nmt_data.h>
 #include <d2l/torch_version.h>
 #include <d2l/train.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #if D2L_TORCH_VERSION_AT_LEAST(2, 0)
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -9,7 +9,9 @@
 
 #include <d2l/encoder_decoder.h>
 #include <d2l/nmt_data.h>
-#include <torch/torch.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

@@ -7,6 +7,9 @@
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+#include <torch/optim/adam.h>
 
 #include <unistd.h>
 
