@@ -60,6 +60,6 @@ inline void expect_input_gradients(const Inputs& in, const d2l::testing::Fixture
   expect_matches(in.values.grad(), fixture, "grad.values");
 }
 
-inline const char* const kDtypes[] = {"float32", "float64"};
+inline const char* const kParityDtypes[] = {"float32", "float64"};
 
 }  // namespace d2l::testing

@@ -48,7 +48,7 @@ using ::testing::HasSubstr;
 // its first use, after main() starts; a value already in the environment wins.
 const bool kFlightRecorderOff = [] { return ::setenv("TORCH_FR_BUFFER_SIZE", "0", 0) == 0; }();
 
-const std::string kSample = D2L_NMT_DATA_DIR "/fra-eng-sample";
+const std::string kFraEngSample = D2L_NMT_DATA_DIR "/fra-eng-sample";
 constexpr int64_t kBatch = 16, kSteps = 10, kExamples = 100, kEpochs = 2;
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -84,7 +84,7 @@ torch::Dtype dtype_named(const std::string& name) {
 // Rank work of the "train" scenario: the book's loop on this rank's shares.
 void train_worker(const dist::LaunchOptions& launch, const std::filesystem::path& out) {
   auto group = dist::init_process_group(launch);
-  auto data = d2l::load_data_nmt(kSample, kBatch, kSteps, kExamples);
+  auto data = d2l::load_data_nmt(kFraEngSample, kBatch, kSteps, kExamples);
   // A different initialisation on every rank: rank 0's must win.
   auto net = make_model(data, 100 + launch.rank(), dtype_named(env_or("D2L_TEST_DTYPE", "")));
   const auto result =
@@ -176,7 +176,7 @@ void expect_matches_one_process(const std::string& dtype_name, double rtol) {
   const auto run = run_ranks("train", 2, 2, {"D2L_TEST_DTYPE=" + dtype_name});
   ASSERT_EQ(run.result.exit_code, 0) << run.log(0) << run.log(1);
   // The same run in this process, on whole batches, from rank 0's weights.
-  auto data = d2l::load_data_nmt(kSample, kBatch, kSteps, kExamples);
+  auto data = d2l::load_data_nmt(kFraEngSample, kBatch, kSteps, kExamples);
   auto net = make_model(data, 100, dtype_named(dtype_name));
   const auto single = d2l::train_seq2seq(*net, data.data_iter, 0.005, kEpochs, data.tgt_vocab,
                                          torch::kCPU, d2l::TrainSeq2SeqOptions().progress(false));
@@ -365,12 +365,12 @@ TEST(Distributed, CudaTensorsTrainThroughAGroupOfOne) {
       dist::LaunchOptions().file_store(store.string()).timeout(std::chrono::seconds(30)),
       torch::kCUDA);
   EXPECT_EQ(group->getBackendName(), dist::nccl_available() ? "nccl" : "gloo");
-  auto data = d2l::load_data_nmt(kSample, kBatch, kSteps, kExamples);
+  auto data = d2l::load_data_nmt(kFraEngSample, kBatch, kSteps, kExamples);
   auto grouped = make_model(data, 100, torch::kFloat);
   const auto through_group = dist::train_seq2seq(
       *grouped, data.data_iter, 0.005, kEpochs, data.tgt_vocab, torch::kCUDA, group,
       d2l::TrainSeq2SeqOptions().progress(false), /*bucket_cap_bytes=*/4096);
-  auto data_again = d2l::load_data_nmt(kSample, kBatch, kSteps, kExamples);
+  auto data_again = d2l::load_data_nmt(kFraEngSample, kBatch, kSteps, kExamples);
   auto alone = make_model(data_again, 100, torch::kFloat);
   const auto single =
       d2l::train_seq2seq(*alone, data_again.data_iter, 0.005, kEpochs, data_again.tgt_vocab,

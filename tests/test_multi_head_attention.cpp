@@ -22,7 +22,7 @@ using d2l::testing::error_message;
 using d2l::testing::expect_input_gradients;
 using d2l::testing::expect_matches;
 using d2l::testing::Inputs;
-using d2l::testing::kDtypes;
+using d2l::testing::kParityDtypes;
 using d2l::testing::leaf_inputs;
 using d2l::testing::load_parameters;
 using d2l::testing::max_rel_error;
@@ -243,7 +243,7 @@ TEST(MultiHeadAttention, GradientsMatchFiniteDifferences) {
 
 TEST(MultiHeadAttention, MatchesTheBookFixtures) {
   for (const std::string case_name : {"mha_book", "mha_bias_odd"}) {
-    for (const char* dtype : kDtypes) {
+    for (const char* dtype : kParityDtypes) {
       const auto fixture = d2l::testing::load_fixture(case_name + "_" + dtype);
       const auto size = [&](const char* name) { return int64_t(fixture.scalar(name)); };
       d2l::MultiHeadAttention attention(size("key_size"), size("query_size"), size("value_size"),

@@ -16,7 +16,7 @@ namespace {
 using d2l::testing::error_message;
 using d2l::testing::expect_input_gradients;
 using d2l::testing::expect_matches;
-using d2l::testing::kDtypes;
+using d2l::testing::kParityDtypes;
 using d2l::testing::leaf_inputs;
 using d2l::testing::load_parameters;
 using d2l::testing::max_rel_error;
@@ -179,7 +179,7 @@ TEST(NWKernelRegression, TrainingLowersTheLoss) {
 
 TEST(NWKernelRegression, MatchesTheBookFixtures) {
   for (const std::string case_name : {"nw_train", "nw_test"}) {
-    for (const char* dtype : kDtypes) {
+    for (const char* dtype : kParityDtypes) {
       const auto fixture = d2l::testing::load_fixture(case_name + "_" + dtype);
       d2l::NWKernelRegression net;
       net->to(fixture.tensor("queries").scalar_type());
@@ -196,7 +196,7 @@ TEST(NWKernelRegression, MatchesTheBookFixtures) {
 }
 
 TEST(NadarayaWatson, MatchesTheBookFixtures) {
-  for (const char* dtype : kDtypes) {
+  for (const char* dtype : kParityDtypes) {
     const auto fixture = d2l::testing::load_fixture(std::string("nw_nonparametric_") + dtype);
     const auto in = leaf_inputs(fixture);
     auto [out, weights] = d2l::functional::nadaraya_watson(in.queries, in.keys, in.values);

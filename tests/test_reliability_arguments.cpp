@@ -23,6 +23,7 @@
 namespace {
 
 using d2l::testing::error_message;
+using d2l::testing::sparse;
 using ::testing::HasSubstr;
 
 // One bad call: `fn` is the public function it must name, `message` the rest
@@ -39,7 +40,6 @@ void expect_all_rejected(const std::vector<BadCall>& cases) {
   }
 }
 
-torch::Tensor sparse(const torch::Tensor& t) { return t.to_sparse(); }
 torch::Tensor meta_like(const torch::Tensor& t) {
   return torch::empty(t.sizes(), t.options().device(torch::kMeta));
 }

@@ -55,7 +55,7 @@ std::vector<Path> paths(bool sdpa) {
   return all;
 }
 
-const std::vector<torch::Dtype> kDtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16,
+const std::vector<torch::Dtype> kEmptyDtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16,
                                            torch::kHalf};
 
 // LibTorch 1.13 has no float16 matrix product on the CPU: the attention
@@ -89,7 +89,7 @@ TEST(ReliabilityEmpty, MaskedSoftmaxKeepsTheGraphOnEveryPath) {
   for (const auto& c : empty_cases()) {
     if (c.lens_dim == 0) continue;  // without lengths it is plain softmax
     for (Path path : paths(false)) {
-      for (auto dtype : kDtypes) {
+      for (auto dtype : kEmptyDtypes) {
         const auto X = leaf({c.batch, c.queries, c.keys}, dtype);
         const auto Y = d2l::masked_softmax(X, lengths(c), path);
         expect_zero_gradients(Y, {X}, {c.batch, c.queries, c.keys}, describe(c, path, dtype));
@@ -102,7 +102,7 @@ TEST(ReliabilityEmpty, DotProductAttentionKeepsTheGraphOnEveryPath) {
   const int64_t d = 5, v = 3;
   for (const auto& c : empty_cases()) {
     for (Path path : paths(true)) {
-      for (auto dtype : kDtypes) {
+      for (auto dtype : kEmptyDtypes) {
         if (refused(dtype)) continue;
         for (bool training : {false, true}) {
           const auto q = leaf({c.batch, c.queries, d}, dtype);
@@ -136,7 +136,7 @@ TEST(ReliabilityEmpty, AdditiveAttentionKeepsTheGraphOnEveryPath) {
   const int64_t dq = 4, dk = 3, h = 6, v = 2;
   for (const auto& c : empty_cases()) {
     for (Path path : paths(false)) {
-      for (auto dtype : kDtypes) {
+      for (auto dtype : kEmptyDtypes) {
         if (refused(dtype)) continue;
         for (bool need_weights : {false, true}) {
           const auto q = leaf({c.batch, c.queries, dq}, dtype);
@@ -164,7 +164,7 @@ TEST(ReliabilityEmpty, AdditiveScoresKeepTheGraphOnEveryPath) {
   for (const auto& c : empty_cases()) {
     if (c.lens_dim != 0) continue;
     for (Path path : paths(false)) {
-      for (auto dtype : kDtypes) {
+      for (auto dtype : kEmptyDtypes) {
         const auto pq = leaf({c.batch, c.queries, h}, dtype);
         const auto pk = leaf({c.batch, c.keys, h}, dtype);
         const auto w_v = leaf({1, h}, dtype);

@@ -19,6 +19,7 @@
 namespace {
 
 using d2l::testing::error_message;
+using d2l::testing::sparse;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -28,7 +29,6 @@ struct Refusal {
   std::string function, argument;
 };
 
-torch::Tensor sparse(const torch::Tensor& t) { return t.to_sparse(); }
 
 std::vector<Refusal> sparse_refusals() {
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});

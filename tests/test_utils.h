@@ -26,6 +26,9 @@ struct DtypeTolerance {
   double forward, backward;
 };
 
+/// A sparse copy of `t`: the layout that every argument check must refuse.
+inline torch::Tensor sparse(const torch::Tensor& t) { return t.to_sparse(); }
+
 /// Runs `fn`, which must throw c10::Error; returns the message without backtrace.
 template <typename Fn>
 std::string error_message(Fn&& fn) {

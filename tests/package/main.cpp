@@ -8,6 +8,8 @@
 #include <iostream>
 #include <string>
 
+int parent_answer();  // parent_untyped.cpp, the parent's own library
+
 int main() {
   const auto keys = torch::ones({2, 10, 2});
   const auto values = torch::arange(40, torch::kFloat).reshape({1, 10, 4}).repeat({2, 1, 1});
@@ -30,5 +32,6 @@ int main() {
             << (ok ? ": ok" : ": WRONG RESULT")
             << (same_torch ? "" : ", but this program was compiled with LibTorch " + headers)
             << (plots ? "" : ", but d2l::plot_svg drew no SVG") << '\n';
-  return ok && same_torch && plots ? 0 : 1;
+  const bool parent = parent_answer() == 42;
+  return ok && same_torch && plots && parent ? 0 : 1;
 }

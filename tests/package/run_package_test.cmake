@@ -1,6 +1,16 @@
-# ctest driver: install the built library into a staging prefix, then
-# configure, build and run the consumer against it with find_package.
-foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR PREFIX_PATH)
+# ctest driver for tests/package, the project outside this tree:
+#   MODE=package       install the built library into a staging prefix, then
+#                      find_package it, build the consumer and run it;
+#   MODE=subdirectory  add_subdirectory this source tree, check the parent's
+#                      settings, build the consumer and run it;
+#   MODE=fetchcontent  FetchContent from this repository's git URL (a local
+#                      one: no network), check the parent's settings and build
+#                      the parent's own library (the library's build is the
+#                      subdirectory test's).
+# The subproject builds use a build type of the parent's own (no optimisation
+# flags: the point is the set-up, and the library compiles twice as fast) and
+# leave d2l::viz and d2l::distributed out.
+foreach(var MODE BUILD_DIR SOURCE_DIR PROJECT_DIR WORK_DIR GENERATOR PREFIX_PATH)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "run_package_test.cmake needs -D${var}=...")
   endif()
@@ -14,12 +24,38 @@ function(run)
 endfunction()
 
 file(REMOVE_RECURSE "${WORK_DIR}")
-run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+set(prefix_path "${PREFIX_PATH}")
+set(args -DD2L_CONSUMER_MODE=${MODE})
+set(target consumer)
+if(MODE STREQUAL "package")
+  run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+  set(prefix_path "${WORK_DIR}/prefix;${PREFIX_PATH}")
+  list(APPEND args -DCMAKE_BUILD_TYPE=Release)
+elseif(MODE STREQUAL "subdirectory")
+  list(APPEND args -DD2L_ATTENTION_SOURCE=${PROJECT_DIR} -DCMAKE_BUILD_TYPE=Consumer
+       -DD2L_BUILD_VIZ=OFF -DD2L_BUILD_DISTRIBUTED=OFF)
+elseif(MODE STREQUAL "fetchcontent")
+  execute_process(COMMAND git -C "${PROJECT_DIR}" rev-parse --git-dir
+                  RESULT_VARIABLE not_git OUTPUT_QUIET ERROR_QUIET)
+  if(not_git)
+    message(STATUS "SKIP: ${PROJECT_DIR} is not a git repository; nothing to fetch")
+    return()
+  endif()
+  # No build type at all: the case where a library that forces Release into
+  # the cache is noticed.
+  list(APPEND args -DD2L_ATTENTION_SOURCE=file://${PROJECT_DIR}
+       -DD2L_BUILD_VIZ=OFF -DD2L_BUILD_DISTRIBUTED=OFF)
+  set(target parent_untyped)
+else()
+  message(FATAL_ERROR "MODE must be package, subdirectory or fetchcontent, got '${MODE}'")
+endif()
 # The prefix path is a list; an initial-cache script keeps it one value (on
 # the command line execute_process would split it into arguments).
 file(WRITE "${WORK_DIR}/initial-cache.cmake"
-     "set(CMAKE_PREFIX_PATH [[${WORK_DIR}/prefix;${PREFIX_PATH}]] CACHE STRING \"\")\n")
+     "set(CMAKE_PREFIX_PATH [[${prefix_path}]] CACHE STRING \"\")\n")
 run(${CMAKE_COMMAND} -C "${WORK_DIR}/initial-cache.cmake" -S "${SOURCE_DIR}"
-    -B "${WORK_DIR}/build" -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release)
-run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-run("${WORK_DIR}/build/consumer")
+    -B "${WORK_DIR}/build" -G "${GENERATOR}" ${args})
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/build" --target ${target})
+if(target STREQUAL "consumer")
+  run("${WORK_DIR}/build/consumer")
+endif()
