@@ -1,15 +1,30 @@
 # Set-up and everyday commands. `make demo` and `make test` work on a fresh
 # Debian 12 machine: they install what is missing, configure, build and run.
+#
+#   make demo     the library, d2l::viz and the demo program, then the demo
+#   make test     the release suite on one LibTorch (TORCH, below)
+#   make check    what CI runs: make test, the LibTorch 2.x leg, ASan+UBSan,
+#                 TSan and a bounded fuzz run
+#
+# TORCH picks the LibTorch:
+#   debian        Debian's libtorch-dev (1.13 on Debian 12), the default
+#   wheel         PyPI's torch $(TORCH2_VERSION) in a project-local .venv
+#   <prefix>      any other LibTorch: a folder holding TorchConfig.cmake (an
+#                 official archive's libtorch/, or a wheel's
+#                 torch.utils.cmake_prefix_path); Debian's libtorch-dev is
+#                 then not installed
 
-BUILD_DIR  ?= build
+TORCH      ?= debian
 BUILD_TYPE ?= Release
 CMAKE_ARGS ?=
 JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 
-DEBIAN_PACKAGES := cmake ninja-build g++ libtorch-dev libfmt-dev libgtest-dev libgmock-dev \
+# Debian's packages for every leg, and Debian's LibTorch for TORCH=debian.
+DEBIAN_PACKAGES := cmake ninja-build g++ python3 libfmt-dev libgtest-dev libgmock-dev \
                    libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev \
                    libgloo-dev
+DEBIAN_TORCH_PACKAGES := libtorch-dev
 # Only `make bench` (bench-book) and `make fixtures` need Python with torch.
 PYTHON_PACKAGES := python3-torch
 
@@ -20,18 +35,48 @@ TORCH2_VERSION ?= 2.11.0
 VENV           ?= .venv
 BUILD2_DIR     ?= build-torch2
 TORCH2_STAMP   := $(VENV)/.torch-$(TORCH2_VERSION)
+TORCH2_PREFIX   = $$($(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 # The sanitizer and fuzz builds (CMakePresets.json): clang 14 and its runtimes.
 SANITIZER_PACKAGES := clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# How long `make fuzz` fuzzes, and the bounded run inside `make test`.
+# How long `make fuzz` fuzzes, and the bounded run inside `make check`.
 FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
+# What `make check` leaves on disk at most (measured, with some margin), and
+# what it refuses to start under.
+CHECK_DISK_GIB ?= 12
 
-.PHONY: deps deps-python deps-sanitizers deps-torch2 configure build build-torch2 demo nadaraya-watson \
-        fra-eng bahdanau \
-        seq2seq test test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources fixtures clean
-# The steps of `make test` each build with all cores; running them side by
+# A LibTorch named on the CMake side (CMAKE_ARGS or the environment) counts
+# as TORCH=<prefix>: two LibTorch installations on one machine are how
+# programs end up linking both, so Debian's is not installed beside it.
+FOREIGN_TORCH := $(strip $(filter -DCMAKE_PREFIX_PATH=% -DTorch_DIR=%,$(CMAKE_ARGS)) \
+                         $(CMAKE_PREFIX_PATH) $(Torch_DIR))
+
+ifeq ($(TORCH),debian)
+  BUILD_DIR ?= build
+  TORCH_DEPS := $(if $(FOREIGN_TORCH),,deps-debian-torch)
+  TORCH_CMAKE_ARGS :=
+else ifeq ($(TORCH),wheel)
+  BUILD_DIR ?= $(BUILD2_DIR)
+  TORCH_DEPS := deps-torch2
+  TORCH_CMAKE_ARGS = -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)"
+else
+  TORCH_CONFIG := $(firstword $(wildcard $(addprefix $(TORCH)/,TorchConfig.cmake Torch/TorchConfig.cmake \
+                    share/cmake/Torch/TorchConfig.cmake lib/cmake/Torch/TorchConfig.cmake)))
+  ifeq ($(TORCH_CONFIG),)
+    $(error TORCH=$(TORCH): not debian, not wheel, and no TorchConfig.cmake under it (looked in ., Torch/, share/cmake/Torch/, lib/cmake/Torch/); give the LibTorch folder (libtorch/ of an archive, or python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'))
+  endif
+  BUILD_DIR ?= build-$(subst /,_,$(patsubst /%,%,$(abspath $(TORCH))))
+  TORCH_DEPS :=
+  TORCH_CMAKE_ARGS := -DCMAKE_PREFIX_PATH="$(abspath $(TORCH))"
+endif
+
+.PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
+        fra-eng bahdanau seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
+        test-tsan test-fuzz fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources \
+        fixtures clean
+# The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
 .NOTPARALLEL:
 
@@ -40,14 +85,19 @@ define install_missing
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	done); \
 	if [ -n "$$missing" ]; then \
+	  command -v apt-get > /dev/null || { \
+	    echo "make: needs the Debian packages $$missing, and this is not Debian: install their equivalents, or build with plain CMake (docs/building.md)" >&2; exit 1; }; \
 	  echo "Installing Debian packages:" $$missing; \
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
 	fi
 endef
 
-deps:
+deps: $(TORCH_DEPS)
 	$(call install_missing,$(DEBIAN_PACKAGES))
+
+deps-debian-torch:
+	$(call install_missing,$(DEBIAN_PACKAGES) $(DEBIAN_TORCH_PACKAGES))
 
 deps-python:
 	$(call install_missing,$(PYTHON_PACKAGES))
@@ -57,7 +107,8 @@ deps-sanitizers: deps
 
 # Debian's python3 (3.11) makes the environment; pip brings torch and the
 # CUDA libraries it links (about 3 GB, cached by pip for the next time).
-deps-torch2: deps $(TORCH2_STAMP)
+deps-torch2: $(TORCH2_STAMP)
+	$(call install_missing,$(DEBIAN_PACKAGES))
 
 $(TORCH2_STAMP):
 	$(call install_missing,python3-venv)
@@ -67,34 +118,34 @@ $(TORCH2_STAMP):
 	touch $@
 
 $(BUILD_DIR)/CMakeCache.txt: | deps
-	cmake --preset release -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
+	cmake --preset release -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(TORCH_CMAKE_ARGS) $(CMAKE_ARGS)
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The same sources against the wheel's LibTorch, in a build directory of its
-# own, so that neither leg rebuilds the other's objects.
-$(BUILD2_DIR)/CMakeCache.txt: | deps-torch2
-	cmake --preset release -B $(BUILD2_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
-	  $(CMAKE_ARGS)
+# The 2.x leg by its old names: the same as TORCH=wheel.
+build-torch2:
+	$(MAKE) build TORCH=wheel
+test-torch2:
+	$(MAKE) test TORCH=wheel
 
-build-torch2: deps-torch2 $(BUILD2_DIR)/CMakeCache.txt
-	cmake --build $(BUILD2_DIR) -j $(JOBS)
-
-demo: build
+# Each example builds its own program and what it links, nothing else.
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attention_scoring
 	$(BUILD_DIR)/examples/attention_scoring --out $(BUILD_DIR)/heatmaps
 
 # The book's Nadaraya-Watson regression: training progress and SVG pictures.
-nadaraya-watson: build
+nadaraya-watson: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target nadaraya_watson
 	$(BUILD_DIR)/examples/nadaraya_watson --out $(BUILD_DIR)/nadaraya_watson
 
 # The book's Bahdanau attention against the plain seq2seq decoder on a
 # generated reversal task: BLEU of both, loss curves, alignment heatmap.
 SEQ2SEQ_ARGS ?=
-seq2seq: build
+seq2seq: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target seq2seq_attention
 	$(BUILD_DIR)/examples/seq2seq_attention --out $(BUILD_DIR)/seq2seq \
 	  --save $(BUILD_DIR)/seq2seq/attention_model.pt $(SEQ2SEQ_ARGS)
 
@@ -125,43 +176,76 @@ fra-eng:
 
 # The book's Bahdanau section on fra-eng (the book's recipe, 250 epochs):
 # loss, tokens/s, four translations with BLEU, loss curve and heatmap.
-bahdanau: build fra-eng
+bahdanau: configure fra-eng
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	$(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) --out $(BUILD_DIR)/bahdanau
 
-# Every suite, then one line adding up their ctest summaries:
-#   release: the GoogleTest suite and the installed-package test (gcc, -O2),
-#            on Debian's LibTorch 1.13;
-#   torch2:  the same, on the LibTorch of PyPI's torch $(TORCH2_VERSION) (CUDA build;
-#            CUDA tests skip without a GPU);
-#   asan-torch2: the suite under AddressSanitizer + UndefinedBehaviorSanitizer (2.11);
-#   asan:    the same on 1.13;
-#   tsan:    the concurrency tests under ThreadSanitizer (1.13);
-#   fuzz:    fuzz_attention for CI_FUZZ_SECONDS from the committed corpus (1.13).
-CTEST_LOGS := $(BUILD_DIR)/ctest.log $(BUILD2_DIR)/ctest.log build-asan-torch2/ctest.log \
-              build-asan/ctest.log build-tsan/ctest.log build-fuzz/ctest.log
-test: test-release test-torch2 test-asan-torch2 test-asan test-tsan test-fuzz
-	@for log in $(CTEST_LOGS); do \
+# One line per ctest log: its count, failures and skips; then their total.
+define ctest_summary
+	@for log in $(1); do \
 	  sed -n "s|.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*|$$log: \2 tests, \1 failed, $$(grep -c '(Skipped)' $$log) skipped|p" $$log; \
 	done
-	@for log in $(CTEST_LOGS); do \
+	@for log in $(1); do \
 	  sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1 \2/p' $$log | tr '\n' ' '; \
 	  grep -c '(Skipped)' $$log; \
 	done | awk '{ failed += $$1; total += $$2; skipped += $$3 } \
 	  END { printf "total: %d passed, %d failed, %d skipped\n", total - failed - skipped, failed, skipped }'
+endef
 
-test-release: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
+# The release suite on one LibTorch (TORCH): the GoogleTest suite, the
+# installed-package and subproject tests, the benchmark scripts' self-test.
+# Build and ctest are timed apart. A slice: cd $(BUILD_DIR) && ctest -L fast
+# (labels fast, slow, cuda, distributed).
+test: configure
+	@t0=$$(date +%s); \
+	cmake --build $(BUILD_DIR) -j $(JOBS) || exit 1; \
+	t1=$$(date +%s); \
+	rm -rf $(BUILD_DIR)/gtest-reports; \
+	(cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log); rc=$$?; \
+	t2=$$(date +%s); \
+	echo "$(BUILD_DIR): build $$((t1 - t0)) s, ctest $$((t2 - t1)) s"; \
+	exit $$rc
+	$(call ctest_summary,$(BUILD_DIR)/ctest.log)
+	@$(PYTHON) tests/gtest_summary.py $(BUILD_DIR)/gtest-reports
 
-test-torch2: build-torch2
-	cd $(BUILD2_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log
+# Everything CI checks, one suite after the other, then one line adding up
+# their ctest summaries:
+#   build:       the release suite on Debian's LibTorch 1.13 (make test);
+#   build-torch2: the same on PyPI's torch $(TORCH2_VERSION) (CUDA build; CUDA
+#                tests skip without a GPU);
+#   build-asan-torch2: the suite under AddressSanitizer + UBSan (clang 14) on
+#                the wheel (the 1.13 side runs ASan + UBSan in the fuzz leg);
+#   build-tsan:  the concurrency and kernel-thread tests under ThreadSanitizer;
+#   build-fuzz:  fuzz_attention for CI_FUZZ_SECONDS from the committed corpus
+#                (ASan + UBSan, 1.13).
+CHECK_LOGS := build/ctest.log $(BUILD2_DIR)/ctest.log build-asan-torch2/ctest.log \
+              build-tsan/ctest.log build-fuzz/ctest.log
+check: check-disk
+	$(MAKE) test TORCH=debian BUILD_DIR=build
+	$(MAKE) test TORCH=wheel BUILD_DIR=$(BUILD2_DIR)
+	$(MAKE) test-asan-torch2
+	$(MAKE) test-tsan
+	$(MAKE) test-fuzz
+	$(call ctest_summary,$(CHECK_LOGS))
+	@$(PYTHON) tests/gtest_summary.py build/gtest-reports $(BUILD2_DIR)/gtest-reports \
+	  build-asan-torch2/gtest-reports build-tsan/gtest-reports
+
+# Refuse before any compiler runs when the build trees cannot fit.
+check-disk:
+	@free=$$(df -Pk . | awk 'NR == 2 { printf "%d", $$4 / 1048576 }'); \
+	if [ "$$free" -lt $(CHECK_DISK_GIB) ]; then \
+	  echo "make check: $$free GiB free in $(CURDIR), needs $(CHECK_DISK_GIB) GiB (five build trees and .venv); free some, or run make test (one tree)" >&2; \
+	  exit 1; \
+	fi
 
 # The suite under ASan + UBSan against the wheel's LibTorch (clang 14).
 test-asan-torch2: deps-sanitizers deps-torch2
-	cmake --preset asan-ubsan-torch2 \
-	  -DCMAKE_PREFIX_PATH="$$($(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+	cmake --preset asan-ubsan-torch2 -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)"
 	cmake --build --preset asan-ubsan-torch2 -j $(JOBS)
+	rm -rf build-asan-torch2/gtest-reports
 	ctest --preset asan-ubsan-torch2 -j $(JOBS) -O build-asan-torch2/ctest.log
 
+# The same on Debian's 1.13: not in make check (see CHECK_LOGS above).
 test-asan: deps-sanitizers
 	cmake --preset asan-ubsan
 	cmake --build --preset asan-ubsan -j $(JOBS)
@@ -170,6 +254,7 @@ test-asan: deps-sanitizers
 test-tsan: deps-sanitizers
 	cmake --preset tsan
 	cmake --build --preset tsan -j $(JOBS)
+	rm -rf build-tsan/gtest-reports
 	ctest --preset tsan -O build-tsan/ctest.log
 
 test-fuzz: deps-sanitizers
@@ -188,7 +273,8 @@ fuzz: deps-sanitizers
 # run alternately; DP_REPS runs of DP_EPOCHS epochs each (README, "Data-parallel training").
 DP_REPS ?= 3
 DP_EPOCHS ?= 30
-bench-dp: build
+bench-dp: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	benchmarks/data_parallel.sh $(BUILD_DIR) $(DP_REPS) $(DP_EPOCHS)
 
 # `make bench`: both tables of the README's Performance section, the library
@@ -241,7 +327,8 @@ bench-book: deps deps-python configure
 # prints a markdown table of medians and ratios.
 SDPA_SHAPES ?= sdpa128 sdpa512 sdpa1024 sdpa2048 sdpa4096 sdpa8192 sdpa128full sdpa512full sdpa2048full \
                sdpa512q1 sdpa2048q1 sdpa8192q1 sdpa16384q1 sdpa2048q1full sdpa16384q1full
-bench-sdpa: build-torch2
+bench-sdpa:
+	$(MAKE) configure TORCH=wheel
 	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_attention
 	$(call run_bench_attention,$(BUILD2_DIR),$(SDPA_SHAPES),bench-sdpa)
@@ -262,7 +349,8 @@ bench-spread: deps configure
 # GoogleTest's sources for a lent GPU machine, which has no Debian packages:
 # the device call carries .device/ and runs .ci/gpu-run (README, "LibTorch
 # versions and CUDA").
-device-sources: deps
+device-sources:
+	$(call install_missing,libgtest-dev libgmock-dev)
 	rm -rf .device && mkdir -p .device && cp -r /usr/src/googletest .device/googletest
 
 # Regenerates the golden fixtures from the Python reference code.
@@ -271,4 +359,4 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 
 clean:
-	rm -rf $(BUILD_DIR) $(BUILD2_DIR) build-asan-torch2 build-asan build-tsan build-fuzz
+	rm -rf $(sort $(BUILD_DIR) build $(BUILD2_DIR)) build-asan-torch2 build-asan build-tsan build-fuzz
