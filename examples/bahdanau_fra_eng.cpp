@@ -27,7 +27,8 @@
 #ifdef D2L_HAVE_DISTRIBUTED
 #include <d2l/distributed.h>
 #endif
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
 
 #include <fmt/format.h>
 

@@ -9,7 +9,9 @@
 
 #include <d2l/attention.h>
 #include <d2l/viz.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <fmt/format.h>
 

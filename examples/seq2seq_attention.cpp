@@ -22,7 +22,8 @@
 
 #include <d2l/attention.h>
 #include <d2l/viz.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
