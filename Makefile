@@ -203,7 +203,7 @@ test: configure
 	rm -rf $(BUILD_DIR)/gtest-reports; \
 	(cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log); rc=$$?; \
 	t2=$$(date +%s); \
-	echo "$(BUILD_DIR): build $$((t1 - t0)) s, ctest $$((t2 - t1)) s"; \
+	echo "make test ($(BUILD_DIR)/): build $$((t1 - t0)) s, ctest $$((t2 - t1)) s"; \
 	exit $$rc
 	$(call ctest_summary,$(BUILD_DIR)/ctest.log)
 	@$(PYTHON) tests/gtest_summary.py $(BUILD_DIR)/gtest-reports

@@ -15,7 +15,13 @@ if(D2L_USE_PCH)
   add_library(d2l_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/d2l_pch.cpp)
   set_target_properties(d2l_pch PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_link_libraries(d2l_pch PRIVATE ${TORCH_LIBRARIES} ${D2L_FMT_TARGET})
-  d2l_sanitize(d2l_pch)
+  # clang refuses a precompiled header made without the fuzzers' coverage
+  # instrumentation in a file compiled with it (the fuzz preset).
+  if(D2L_BUILD_FUZZERS)
+    d2l_sanitize(d2l_pch FUZZ_COVERAGE)
+  else()
+    d2l_sanitize(d2l_pch)
+  endif()
   target_precompile_headers(d2l_pch PRIVATE
     <torch/types.h>
     <torch/autograd.h>
