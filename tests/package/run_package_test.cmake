@@ -4,8 +4,9 @@
 #   MODE=subdirectory  add_subdirectory this source tree, check the parent's
 #                      settings, build the consumer and run it;
 #   MODE=fetchcontent  FetchContent from this repository's git URL (a local
-#                      one: no network), check the parent's settings and build
-#                      the parent's own library (the library's build is the
+#                      one: no network) at its HEAD, so uncommitted changes are
+#                      not in it; check the parent's settings and build the
+#                      parent's own library (the library's build is the
 #                      subdirectory test's).
 # The subproject builds use a build type of the parent's own (no optimisation
 # flags: the point is the set-up, and the library compiles twice as fast) and
