@@ -5,6 +5,7 @@
 #   make test     the release suite on one LibTorch (TORCH, below)
 #   make check    what CI runs: make test, the LibTorch 2.x leg, ASan+UBSan,
 #                 TSan and a bounded fuzz run
+#   make test-debian13  make test in a Debian 13 root (its LibTorch 2.6)
 #
 # TORCH picks the LibTorch:
 #   debian        Debian's libtorch-dev (1.13 on Debian 12), the default
@@ -74,7 +75,7 @@ endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         fra-eng bahdanau seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
-        test-tsan test-fuzz fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources \
+        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
@@ -245,6 +246,16 @@ test-asan-torch2: deps-sanitizers deps-torch2
 	rm -rf build-asan-torch2/gtest-reports
 	ctest --preset asan-ubsan-torch2 -j $(JOBS) -O build-asan-torch2/ctest.log
 
+# The release suite on Debian 13 ("trixie", the current Debian stable) and
+# its own LibTorch 2.6, in a Debian 13 root that debootstrap builds in
+# DEBIAN13_ROOT from Debian's archive (about 2 GB, kept for the next run):
+# tests/debian13.sh, which runs `make test` inside it into build-debian13/.
+DEBIAN13_ROOT ?= .debian13
+test-debian13:
+	JOBS=$(JOBS) tests/debian13.sh $(DEBIAN13_ROOT)
+clean-debian13:
+	tests/debian13.sh $(DEBIAN13_ROOT) --remove
+
 # The same on Debian's 1.13: not in make check (see CHECK_LOGS above).
 test-asan: deps-sanitizers
 	cmake --preset asan-ubsan
@@ -359,4 +370,5 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 
 clean:
-	rm -rf $(sort $(BUILD_DIR) build $(BUILD2_DIR)) build-asan-torch2 build-asan build-tsan build-fuzz
+	rm -rf $(sort $(BUILD_DIR) build $(BUILD2_DIR)) build-asan-torch2 build-asan build-tsan build-fuzz \
+	  build-debian13
