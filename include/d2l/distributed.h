@@ -56,8 +56,19 @@ struct LaunchOptions {
   TORCH_ARG(int64_t, world_size) = 1;
   /// This process's rank, in [0, world_size).
   TORCH_ARG(int64_t, rank) = 0;
-  /// "ADDR:PORT" of rank 0's TCP store (rank 0 listens there).
+  /// "ADDR:PORT" of the TCP store: rank 0 hosts it there, unless
+  /// `agent_store`.
   TORCH_ARG(std::string, master) = "";
+  /// The store at `master` is hosted by the launcher (spawn_local, or
+  /// torchrun's agent), and rank 0 is one of its clients. Set from torchrun's
+  /// TORCHELASTIC_USE_AGENT_STORE=True.
+  TORCH_ARG(bool, agent_store) = false;
+  /// The TCPStore server's backend: "libuv" (LibTorch 2.3+ built with libuv),
+  /// "classic", or "auto": libuv where this LibTorch can start it
+  /// (tcp_store_backends()), else classic; a libuv server that fails is
+  /// retried as classic within the timeout. USE_LIBUV=0/1 (PyTorch's
+  /// variable) sets classic/libuv.
+  TORCH_ARG(std::string, tcp_store) = "auto";
   /// A file every rank can reach (a shared file system), used instead of
   /// `master`. It must not exist before the first rank starts.
   TORCH_ARG(std::string, file_store) = "";
@@ -70,14 +81,15 @@ struct LaunchOptions {
   TORCH_ARG(int64_t, spawn) = 0;
 
  public:
-  /// RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun's names), and
-  /// D2L_DIST_TIMEOUT_MS; variables that are not set keep the defaults.
+  /// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+  /// TORCHELASTIC_USE_AGENT_STORE (torchrun's names), USE_LIBUV (PyTorch's),
+  /// and D2L_DIST_TIMEOUT_MS; variables that are not set keep the defaults.
   /// Malformed values throw c10::Error naming the variable.
   static LaunchOptions from_environment();
 
   /// Takes `--world-size N`, `--rank R`, `--master ADDR:PORT`,
-  /// `--file-store PATH`, `--dist-timeout SECONDS`, `--backend NAME` and
-  /// `--spawn N` out of `args` (the rest stay, in order), starting from
+  /// `--file-store PATH`, `--dist-timeout SECONDS`, `--backend NAME`,
+  /// `--tcp-store NAME` and `--spawn N` out of `args` (the rest stay, in order), starting from
   /// `from_environment()`. A flag without a value or with a bad one throws
   /// c10::Error naming the flag and the value.
   static LaunchOptions parse(std::vector<std::string>& args);
@@ -88,11 +100,17 @@ struct LaunchOptions {
   std::vector<std::string> to_args() const;
 };
 
+/// The TCPStore server backends this process's LibTorch can start, best
+/// first: {"libuv", "classic"} or {"classic"} (found once, by starting a
+/// server on a free loopback port).
+std::vector<std::string> tcp_store_backends();
+
 /// Whether this build of d2l::distributed can make NCCL groups (LibTorch 2.x
 /// built with CUDA, and NCCL's headers found at build time).
 bool nccl_available();
 
-/// The group of `options`: a TCPStore at `master` (rank 0 hosts it) or a
+/// The group of `options`: a TCPStore at `master` (hosted by rank 0, or by
+/// the launcher with `agent_store`) or a
 /// FileStore, then a ProcessGroupGloo, or a ProcessGroupNCCL for a CUDA
 /// `device` (backend "auto" or "nccl") where the build has NCCL. The socket
 /// binds to loopback when `master` is a loopback address, to
@@ -189,8 +207,12 @@ struct SpawnOptions {
   TORCH_ARG(int64_t, first_rank) = 0;
   /// Processes to start here; 0: all of the group.
   TORCH_ARG(int64_t, num_local) = 0;
-  /// "ADDR:PORT"; empty: 127.0.0.1 and a port that was free a moment ago.
+  /// "ADDR:PORT" where rank 0 hosts the store; empty: this process hosts it
+  /// on a free loopback port for as long as the children run, and they all
+  /// connect to it (LaunchOptions::agent_store).
   TORCH_ARG(std::string, master) = "";
+  /// The backend of the store this process hosts (LaunchOptions::tcp_store).
+  TORCH_ARG(std::string, tcp_store) = "auto";
   /// Each process's stdout and stderr go to DIR/rank-R.log; empty: inherited.
   TORCH_ARG(std::string, log_dir) = "";
   /// After the first process fails, how long the others may take to end on
@@ -212,7 +234,9 @@ struct SpawnResult {
 
 /// Starts `program` with `args` once per local rank, each given
 /// `--world-size`, `--rank`, `--master` (appended) and the same as RANK,
-/// WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and waits for all of them.
+/// WORLD_SIZE, MASTER_ADDR and MASTER_PORT (and
+/// TORCHELASTIC_USE_AGENT_STORE=True when this process hosts the store), and
+/// waits for all of them.
 /// `program` empty: this executable.
 SpawnResult spawn_local(const std::string& program, const std::vector<std::string>& args,
                         const SpawnOptions& options);
