@@ -86,6 +86,11 @@ struct CpuThreads {
   /// no OpenBLAS (PyPI's wheels use MKL, which runs on ATen's OpenMP pool and
   /// which at::set_num_threads sizes).
   int64_t openblas = 0;
+  /// The BLAS this process calls, as found at run time (never inferred from
+  /// the LibTorch version): "openblas" where OpenBLAS's controls are among
+  /// the loaded libraries (Debian's libtorch 1.13 and 2.6), "mkl" where
+  /// LibTorch was built with MKL (PyPI's wheels), else "other".
+  std::string blas;
 };
 
 /// The pools' sizes now.

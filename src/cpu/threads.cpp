@@ -3,6 +3,7 @@
 
 #include <d2l/backend.h>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
@@ -13,10 +14,10 @@ namespace d2l {
 
 namespace {
 
-// Which BLAS LibTorch calls is the build's choice (Debian's libtorch: the
-// libblas.so.3 alternative, OpenBLAS with libopenblas0-pthread; PyPI's
-// wheels: MKL, linked in), so OpenBLAS's controls are looked up at run time
-// among the libraries this process loaded.
+// Which BLAS LibTorch calls is the build's choice (Debian's libtorch, 1.13 as
+// 2.6: the libblas.so.3 alternative, OpenBLAS with libopenblas0-pthread;
+// PyPI's wheels: MKL, linked in), so OpenBLAS's controls are looked up at run
+// time among the libraries this process loaded.
 struct OpenBlas {
   void (*set)(int) = nullptr;
   int (*get)() = nullptr;
@@ -44,6 +45,7 @@ CpuThreads cpu_threads() {
   CpuThreads t;
   t.intra_op = at::get_num_threads();
   if (const auto& blas = openblas(); blas.get) t.openblas = blas.get();
+  t.blas = openblas().get ? "openblas" : at::hasMKL() ? "mkl" : "other";
   return t;
 }
 
