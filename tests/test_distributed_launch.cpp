@@ -17,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -204,18 +205,27 @@ TEST(DistributedLaunch, EveryTcpStoreBackendHostsTheRanks) {
   }
 }
 
-// A port nothing listens on just now (the kernel's choice for port 0).
-uint16_t launch_unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+// A loopback socket bound to a port the kernel picked (port 0); `listening`
+// makes it hold the port as a server would.
+struct LaunchSocket {
+  int fd = -1;
+  uint16_t port = 0;
+  explicit LaunchSocket(bool listening) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (listening) EXPECT_EQ(::listen(fd, 1), 0);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port = ntohs(addr.sin_port);
+  }
+  ~LaunchSocket() { ::close(fd); }
+};
+
+// A port nothing listens on just now.
+uint16_t launch_unused_port() { return LaunchSocket(false).port; }
 
 // As on two machines: one launcher starts rank 0, which hosts the store at
 // `master`, another starts rank 1 (first_rank 1), both with the same master;
@@ -261,15 +271,8 @@ TEST(DistributedLaunch, RankZeroHostsTheStoreForLaunchersElsewhere) {
 // says where, what the rank tried and why on each backend it tried, and
 // comes at once rather than after the timeout.
 TEST(DistributedLaunch, AStoreThatCannotStartSaysWhyOnEveryBackend) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const auto master = fmt::format("127.0.0.1:{}", ntohs(addr.sin_port));
+  std::optional<LaunchSocket> taken(std::in_place, true);
+  const auto master = fmt::format("127.0.0.1:{}", taken->port);
   const auto start = std::chrono::steady_clock::now();
   const auto message = error_message([&] {
     dist::init_process_group(
@@ -277,7 +280,7 @@ TEST(DistributedLaunch, AStoreThatCannotStartSaysWhyOnEveryBackend) {
   });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ::close(fd);
+  taken.reset();
   EXPECT_THAT(message, HasSubstr("d2l::distributed::init_process_group (rank 0 of 2): the "
                                  "rendezvous at " + master + " did not complete within 20000 ms: "
                                  "this rank could not start the store ("));
