@@ -9,6 +9,7 @@
 
 #include "additive_attention.h"
 #include "attention_weights.h"
+#include "checked_load.h"
 #include "checks.h"
 #include "cpu/kernel_args.h"
 #include "linear.h"
@@ -246,6 +247,11 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
 
 torch::Tensor AdditiveAttentionImpl::last_attention_weights() const {
   return detail::load_weights(attention_weights);
+}
+
+// Loads through detail::checked_load: a mismatched archive changes nothing.
+void AdditiveAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::AdditiveAttention::load");
 }
 
 }  // namespace d2l

@@ -1,5 +1,5 @@
-// Checked loading: detail::checked_load and the `load` override of every
-// module of the library, which all delegate to it.
+// Checked loading: detail::checked_load, which the `load` override of every
+// module of the library (in the module's own file) delegates to.
 //
 // LibTorch's Module::load reads each parameter and buffer with
 // InputArchive::read, which `set_`s the tensor to whatever the archive holds:
@@ -11,12 +11,6 @@
 
 #include "checked_load.h"
 
-#include <d2l/additive_attention.h>
-#include <d2l/dot_product_attention.h>
-#include <d2l/encoder_decoder.h>
-#include <d2l/multi_head_attention.h>
-#include <d2l/nadaraya_watson.h>
-#include <d2l/seq2seq.h>
 
 #include <fmt/format.h>
 
@@ -131,37 +125,5 @@ void checked_load(torch::nn::Module& module, torch::serialize::InputArchive& arc
 }
 
 }  // namespace detail
-
-void AdditiveAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::AdditiveAttention::load");
-}
-
-void DotProductAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::DotProductAttention::load");
-}
-
-void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::MultiHeadAttention::load");
-}
-
-void NWKernelRegressionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::NWKernelRegression::load");
-}
-
-void Seq2SeqEncoderImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::Seq2SeqEncoder::load");
-}
-
-void Seq2SeqDecoderImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::Seq2SeqDecoder::load");
-}
-
-void Seq2SeqAttentionDecoderImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::Seq2SeqAttentionDecoder::load");
-}
-
-void EncoderDecoderImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::EncoderDecoder::load");
-}
 
 }  // namespace d2l

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "attention_weights.h"
+#include "checked_load.h"
 #include "checks.h"
 #include "dot_product_attention.h"
 #include "masked_softmax.h"
@@ -183,6 +184,11 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
 
 torch::Tensor DotProductAttentionImpl::last_attention_weights() const {
   return detail::load_weights(attention_weights);
+}
+
+// Loads through detail::checked_load: a mismatched archive changes nothing.
+void DotProductAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::DotProductAttention::load");
 }
 
 }  // namespace d2l

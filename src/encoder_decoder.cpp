@@ -10,6 +10,7 @@
 #include <typeinfo>
 #include <utility>
 
+#include "checked_load.h"
 #include "checks.h"
 
 namespace d2l {
@@ -119,6 +120,11 @@ std::tuple<torch::Tensor, DecoderState> EncoderDecoderImpl::forward(
   const auto enc_outputs = encoder->forward(enc_X, enc_valid_lens);
   const auto dec_state = decoder->init_state(enc_outputs, enc_valid_lens);
   return decoder->forward(dec_X, dec_state);
+}
+
+// Loads through detail::checked_load: a mismatched archive changes nothing.
+void EncoderDecoderImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::EncoderDecoder::load");
 }
 
 }  // namespace d2l

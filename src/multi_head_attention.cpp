@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "attention_weights.h"
+#include "checked_load.h"
 #include "checks.h"
 #include "dot_product_attention.h"
 #include "linear.h"
@@ -250,6 +251,11 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {
   return detail::load_weights(attention->attention_weights);
+}
+
+// Loads through detail::checked_load: a mismatched archive changes nothing.
+void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::MultiHeadAttention::load");
 }
 
 }  // namespace d2l

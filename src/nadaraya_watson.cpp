@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "attention_weights.h"
+#include "checked_load.h"
 #include "checks.h"
 #include "masked_softmax.h"
 
@@ -113,6 +114,11 @@ torch::Tensor NWKernelRegressionImpl::forward(const torch::Tensor& queries,
 
 torch::Tensor NWKernelRegressionImpl::last_attention_weights() const {
   return detail::load_weights(attention_weights);
+}
+
+// Loads through detail::checked_load: a mismatched archive changes nothing.
+void NWKernelRegressionImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::NWKernelRegression::load");
 }
 
 }  // namespace d2l

@@ -11,6 +11,7 @@
 
 #include "additive_attention.h"
 #include "attention_weights.h"
+#include "checked_load.h"
 #include "checks.h"
 
 namespace d2l {
@@ -310,6 +311,19 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
 
 torch::Tensor Seq2SeqAttentionDecoderImpl::attention_weights() const {
   return detail::load_weights(attention_weights_);
+}
+
+// Loads through detail::checked_load: a mismatched archive changes nothing.
+void Seq2SeqEncoderImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::Seq2SeqEncoder::load");
+}
+
+void Seq2SeqDecoderImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::Seq2SeqDecoder::load");
+}
+
+void Seq2SeqAttentionDecoderImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::Seq2SeqAttentionDecoder::load");
 }
 
 }  // namespace d2l
