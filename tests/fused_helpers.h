@@ -1,7 +1,8 @@
 #pragma once
 
-// Shared by the fast-path test files (test_fused.cpp, test_flash_attention.cpp):
-// a fixture that runs a test once per instruction set this machine runs, the
+// Shared by the fast-path test files (test_fused.cpp, test_flash_attention.cpp,
+// test_training_dropout.cpp): a fixture that runs a test once per instruction
+// set (skipped, with the reason, where this machine cannot run it), the
 // tolerances of each dtype against the composite oracle, and forward and
 // backward comparisons.
 
@@ -26,11 +27,22 @@ inline std::vector<d2l::CpuIsa> runnable_isas() {
   return isas;
 }
 
+// Every instruction set the kernels have: the parameterized suites name each,
+// and one this CPU or build cannot run is skipped with the reason, not left
+// out of the list.
+inline std::vector<d2l::CpuIsa> all_isas() {
+  return {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512};
+}
+
 // Runs the test body once per instruction set, restoring the choice after.
 class Fused : public ::testing::TestWithParam<d2l::CpuIsa> {
  protected:
   void SetUp() override {
     saved_ = d2l::cpu_isa();
+    if (!d2l::cpu_isa_available(GetParam())) {
+      GTEST_SKIP() << "this CPU or build cannot run the " << d2l::to_string(GetParam())
+                   << " kernels";
+    }
     d2l::set_cpu_isa(GetParam());
   }
   void TearDown() override { d2l::set_cpu_isa(saved_); }

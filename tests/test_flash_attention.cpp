@@ -620,7 +620,7 @@ TEST_P(Flash, WithoutAutogradMatchesCompositeAndLeavesInputsAlone) {
   EXPECT_TRUE(torch::equal(q, q0) && torch::equal(k, k0) && torch::equal(v, v0));
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, Flash, ::testing::ValuesIn(d2l::testing::runnable_isas()),
+INSTANTIATE_TEST_SUITE_P(Isa, Flash, ::testing::ValuesIn(d2l::testing::all_isas()),
                          [](const auto& info) { return d2l::to_string(info.param); });
 
 // The modules take the flash kernel, with the composite path's numbers,

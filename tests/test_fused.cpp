@@ -524,7 +524,7 @@ TEST_P(Fused, DotProductWithoutAutogradMatchesComposite) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, Fused, ::testing::ValuesIn(runnable_isas()),
+INSTANTIATE_TEST_SUITE_P(Isa, Fused, ::testing::ValuesIn(d2l::testing::all_isas()),
                          [](const auto& info) { return d2l::to_string(info.param); });
 
 TEST(FusedKernels, FastTanhIsAccurateOverTheWholeFloatRange) {

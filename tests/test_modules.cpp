@@ -77,11 +77,20 @@ TEST(Modules, SaveAndLoadRoundTrip) {
   const auto q = torch::randn({2, 1, 3}), k = torch::randn({2, 5, 2}), v = torch::randn({2, 5, 2});
   EXPECT_TRUE(torch::equal(saved(q, k, v), loaded(q, k, v)));
 
-  d2l::DotProductAttention dot(0.2), dot_loaded(0.2);
+  // No tensors to carry: the loaded module keeps its own dropout submodule
+  // and probability, and computes what the saved one does.
+  d2l::DotProductAttention dot(0.2), dot_loaded(0.7);
+  const auto* dropout_before = dot_loaded->dropout.get();
   std::stringstream dot_buffer;
   torch::save(dot, dot_buffer);
   torch::load(dot_loaded, dot_buffer);
-  EXPECT_TRUE(dot_loaded->named_modules().contains("dropout"));
+  EXPECT_EQ(dot_loaded->dropout.get(), dropout_before);
+  EXPECT_DOUBLE_EQ(dot_loaded->dropout->options.p(), 0.7);
+  dot->eval();
+  dot_loaded->eval();
+  const auto dq = torch::randn({2, 3, 2}), lens = torch::tensor({1, 4});
+  EXPECT_TRUE(torch::equal(dot_loaded(dq, k, v, lens), dot(dq, k, v, lens)));
+  EXPECT_FALSE(torch::equal(dot_loaded(dq, k, v, lens), dot_loaded(dq, k, v)));
 }
 
 TEST(Modules, DefaultArgumentsWorkInsideContainers) {

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -57,13 +58,27 @@ TEST(Serialization, AdditiveAttentionRoundTrips) {
       });
 }
 
-TEST(Serialization, DotProductAttentionRoundTrips) {
-  expect_round_trip<d2l::DotProductAttention>(
-      [] { return d2l::DotProductAttention(0.5); },
-      [](auto& m) {
-        return m(torch::randn({2, 1, 2}), torch::randn({2, 10, 2}), torch::randn({2, 10, 4}),
-                 torch::tensor({2, 6}));
-      });
+// DotProductAttention has no tensors: its archive holds none, and loading it
+// leaves the module as it was, its options included (LibTorch archives no
+// options): the book's formula in eval mode, its own dropout in training.
+TEST(Serialization, DotProductAttentionArchiveHoldsNoStateAndChangesNothing) {
+  d2l::DotProductAttention saved(0.5), loaded(1.0);
+  EXPECT_TRUE(snapshot(*saved).empty());
+  const auto* dropout_before = loaded->dropout.get();
+  load_bytes(loaded, archive_bytes(saved));
+  EXPECT_EQ(loaded->dropout.get(), dropout_before);
+  EXPECT_DOUBLE_EQ(loaded->dropout->options.p(), 1.0);
+  torch::manual_seed(3);
+  const auto q = torch::randn({2, 3, 2}, torch::kDouble),
+             k = torch::randn({2, 10, 2}, torch::kDouble),
+             v = torch::randn({2, 10, 4}, torch::kDouble);
+  const auto lens = torch::tensor({2, 6});
+  const auto weights = d2l::testing::reference_masked_softmax(
+      torch::bmm(q, k.transpose(1, 2)) / std::sqrt(2.0), lens);
+  loaded->eval();
+  EXPECT_LT(d2l::testing::max_rel_error(loaded(q, k, v, lens), torch::bmm(weights, v)), 1e-12);
+  loaded->train();
+  EXPECT_EQ(loaded(q, k, v, lens).abs().sum().item<double>(), 0.0);
 }
 
 TEST(Serialization, MultiHeadAttentionRoundTrips) {
