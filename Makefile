@@ -368,6 +368,7 @@ device-sources:
 fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures.py
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
+	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
 
 clean:
 	rm -rf $(sort $(BUILD_DIR) build $(BUILD2_DIR)) build-asan-torch2 build-asan build-tsan build-fuzz \
