@@ -23,9 +23,11 @@ def summarize(report_dir):
             if case.find("failure") is not None or case.find("error") is not None:
                 failed += 1
             elif skip is not None or case.get("result") == "skipped":
-                # The message is "file:line\nreason"; the reason groups them.
-                message = (skip.get("message", "") if skip is not None else "").split("\n")
-                skipped[message[-1].strip() or "no reason given"] += 1
+                # The message is "file:line\nreason" (GoogleTest 1.15, Debian
+                # 13's, ends it with a newline); the reason groups them.
+                message = (skip.get("message", "") if skip is not None else "").strip()
+                reason = message.split("\n")[-1].strip() if "\n" in message else ""
+                skipped[reason or "no reason given"] += 1
             else:
                 passed += 1
     return passed, failed, skipped
