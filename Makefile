@@ -4,7 +4,7 @@
 #   make demo     the library, d2l::viz and the demo program, then the demo
 #   make test     the release suite on one LibTorch (TORCH, below)
 #   make check    what CI runs: make test, the LibTorch 2.x leg, ASan+UBSan,
-#                 TSan and a bounded fuzz run
+#                 TSan, a bounded fuzz run and the Debian 13 leg
 #   make test-debian13  make test in a Debian 13 root (its LibTorch 2.6)
 #
 # TORCH picks the LibTorch:
@@ -45,8 +45,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 # What `make check` needs free to start: it left 7.5 GiB in a fresh clone
-# (4.6 of them .venv/), and pip's download cache takes about 3 more.
-CHECK_DISK_GIB ?= 10
+# (4.6 of them .venv/), and pip's download cache takes about 3 more; the
+# Debian 13 root and its build tree 3.2 more.
+CHECK_DISK_GIB ?= 14
 
 # A LibTorch named on the CMake side (CMAKE_ARGS or the environment) counts
 # as TORCH=<prefix>: two LibTorch installations on one machine are how
@@ -218,18 +219,21 @@ test: configure
 #                the wheel (the 1.13 side runs ASan + UBSan in the fuzz leg);
 #   build-tsan:  the concurrency and kernel-thread tests under ThreadSanitizer;
 #   build-fuzz:  fuzz_attention for CI_FUZZ_SECONDS from the committed corpus
-#                (ASan + UBSan, 1.13).
+#                (ASan + UBSan, 1.13);
+#   build-debian13: the release suite on Debian 13's own LibTorch 2.6, in a
+#                Debian 13 root (make test-debian13).
 CHECK_LOGS := build/ctest.log $(BUILD2_DIR)/ctest.log build-asan-torch2/ctest.log \
-              build-tsan/ctest.log build-fuzz/ctest.log
+              build-tsan/ctest.log build-fuzz/ctest.log build-debian13/ctest.log
 check: check-disk
 	$(MAKE) test TORCH=debian BUILD_DIR=build
 	$(MAKE) test TORCH=wheel BUILD_DIR=$(BUILD2_DIR)
 	$(MAKE) test-asan-torch2
 	$(MAKE) test-tsan
 	$(MAKE) test-fuzz
+	$(MAKE) test-debian13
 	$(call ctest_summary,$(CHECK_LOGS))
 	@$(PYTHON) tests/gtest_summary.py build/gtest-reports $(BUILD2_DIR)/gtest-reports \
-	  build-asan-torch2/gtest-reports build-tsan/gtest-reports
+	  build-asan-torch2/gtest-reports build-tsan/gtest-reports build-debian13/gtest-reports
 
 # Refuse before any compiler runs when the build trees cannot fit.
 check-disk:
