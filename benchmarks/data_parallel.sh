@@ -21,6 +21,8 @@ exe="$build/examples/bahdanau_fra_eng"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export OPENBLAS_NUM_THREADS=1
+# OpenMP's threads wait passively between regions, as make bahdanau runs it.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 rate() {  # the example's "N examples/sec (median of ...)" figure
   "$exe" --out "$out" --epochs "$1" "${@:2}" 2>&1 | sed -n 's/^\([0-9.]*\) examples\/sec.*/\1/p'

@@ -10,10 +10,10 @@
 #include <torch/utils.h>
 
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -43,15 +43,14 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
-      args.out = argv[++i];
-    } else if (std::strcmp(argv[i], "--no-preview") == 0) {
-      args.preview = false;
-    } else {
-      fmt::print(stderr, "usage: {} [--out DIR] [--no-preview]\n", argv[0]);
-      std::exit(2);
-    }
+  CLI::App app("The book's toy attention examples: masked softmax, additive and dot-product "
+               "attention, their weights as SVG heatmaps.");
+  app.add_option("--out", args.out, "where the SVG heatmaps go")->capture_default_str();
+  app.add_flag("!--no-preview", args.preview, "no coloured preview in the terminal");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
   return args;
 }

@@ -13,9 +13,9 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -93,13 +93,13 @@ std::vector<double> train(d2l::NWKernelRegression& net, const Data& d) {
 
 std::filesystem::path parse(int argc, char** argv) {
   std::filesystem::path out = "nadaraya_watson_out";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
-      out = argv[++i];
-    } else {
-      fmt::print(stderr, "usage: {} [--out DIR]\n", argv[0]);
-      std::exit(2);
-    }
+  CLI::App app("The book's Nadaraya-Watson regression: training progress, the fits and the "
+               "attention weights as SVG.");
+  app.add_option("--out", out, "where the SVG pictures go")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
   return out;
 }

@@ -1,0 +1,39 @@
+#pragma once
+
+// What the examples' command lines (CLI11) check beyond CLI11's own
+// validators: a LibTorch device name, and a count of at least one.
+
+#include <CLI/CLI.hpp>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace examples {
+
+/// "cpu", "cuda", "cuda:1": what torch::Device accepts.
+inline const CLI::Validator kDevice(
+    [](const std::string& name) -> std::string {
+      try {
+        c10::Device device(name);
+        (void)device;
+        return "";
+      } catch (const c10::Error&) {
+        return "not a device: " + name + " (cpu, cuda, cuda:N)";
+      }
+    },
+    "DEVICE");
+
+/// An integer of at least 1.
+inline const CLI::Validator kCount(
+    [](const std::string& value) -> std::string {
+      try {
+        size_t used = 0;
+        if (std::stoll(value, &used) >= 1 && used == value.size()) return "";
+      } catch (const std::exception&) {
+      }
+      return "must be a whole number of at least 1, got " + value;
+    },
+    "COUNT");
+
+}  // namespace examples
