@@ -140,6 +140,7 @@ int run(const Args& args) {
         "", args.child_args,
         d2l::distributed::SpawnOptions()
             .world_size(args.launch.spawn())
+            .tcp_store(args.launch.tcp_store())  // the store this process hosts
             .grace(args.launch.timeout() + std::chrono::seconds(10)));
     for (size_t r = 0; r < result.exit_codes.size(); ++r) {
       if (result.exit_codes[r] != 0) {
