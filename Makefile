@@ -75,6 +75,7 @@ else
 endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
+        multi-head python-weights \
         fra-eng bahdanau seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources \
         fixtures clean
@@ -142,6 +143,19 @@ demo: configure
 nadaraya-watson: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target nadaraya_watson
 	$(BUILD_DIR)/examples/nadaraya_watson --out $(BUILD_DIR)/nadaraya_watson
+
+# The book's multi-head attention: the output's shape and each head's
+# weights as heatmaps.
+multi-head: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target multi_head_attention
+	$(BUILD_DIR)/examples/multi_head_attention --out $(BUILD_DIR)/multi_head
+
+# Weights from Python: the book's PyTorch MultiHeadAttention saves its
+# state dict and outputs; the C++ program loads the weights and compares.
+python-weights: deps-python configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target load_python_weights
+	$(PYTHON) examples/python_weights.py $(BUILD_DIR)/python_weights
+	$(BUILD_DIR)/examples/load_python_weights $(BUILD_DIR)/python_weights
 
 # The book's Bahdanau attention against the plain seq2seq decoder on a
 # generated reversal task: BLEU of both, loss curves, alignment heatmap.
