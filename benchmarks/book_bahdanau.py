@@ -132,24 +132,6 @@ def load_data_nmt(path, batch_size, num_steps, num_examples=600):
     return data_iter, src_vocab, tgt_vocab
 
 
-class MaskedSoftmaxCELoss(nn.CrossEntropyLoss):
-    def forward(self, pred, label, valid_len):
-        weights = torch.ones_like(label)
-        weights = d2l_book.sequence_mask(weights, valid_len)
-        self.reduction = 'none'
-        unweighted_loss = super(MaskedSoftmaxCELoss, self).forward(pred.permute(0, 2, 1), label)
-        weighted_loss = (unweighted_loss * weights).mean(dim=1)
-        return weighted_loss
-
-
-def grad_clipping(net, theta):
-    params = [p for p in net.parameters() if p.requires_grad]
-    norm = torch.sqrt(sum(torch.sum((p.grad ** 2)) for p in params))
-    if norm > theta:
-        for param in params:
-            param.grad[:] *= theta / norm
-
-
 def train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab, device):
     def xavier_init_weights(m):
         if type(m) == nn.Linear:
@@ -162,7 +144,7 @@ def train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab, device):
     net.apply(xavier_init_weights)
     net.to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
-    loss = MaskedSoftmaxCELoss()
+    loss = d2l_book.MaskedSoftmaxCELoss()
     net.train()
     for epoch in range(num_epochs):
         start = time.time()  # the book's d2l.Timer()
@@ -175,7 +157,7 @@ def train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab, device):
             Y_hat, _ = net(X, dec_input, X_valid_len)
             l = loss(Y_hat, Y, Y_valid_len)
             l.sum().backward()
-            grad_clipping(net, 1)
+            d2l_book.grad_clipping(net, 1)
             num_tokens = Y_valid_len.sum()
             optimizer.step()
             with torch.no_grad():
