@@ -389,6 +389,7 @@ device-sources:
 fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures.py
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
+	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
 
 clean:
