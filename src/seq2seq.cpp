@@ -13,9 +13,13 @@
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
+#include "sequence_checks.h"
 
 namespace d2l {
 namespace {
+
+using detail::check_enc_valid_lens;
+using detail::checked_tokens;
 
 void check_options(const char* fn, const Seq2SeqOptions& o) {
   TORCH_CHECK(o.vocab_size() > 0 && o.embed_size() > 0 && o.num_hiddens() > 0 && o.num_layers() > 0,
@@ -37,29 +41,6 @@ torch::nn::GRU make_gru(int64_t input_size, const Seq2SeqOptions& o) {
   return torch::nn::GRU(torch::nn::GRUOptions(input_size, o.num_hiddens())
                             .num_layers(o.num_layers())
                             .dropout(o.dropout()));
-}
-
-// Token ids X (B, num_steps) as the int64 tensor the embedding takes. Out of
-// range ids are caught here: the embedding's own error does not say which
-// argument or which range.
-torch::Tensor checked_tokens(const char* fn, const torch::Tensor& X,
-                             const torch::nn::Embedding& embedding) {
-  detail::check_strided_layout(fn, "X", X);
-  TORCH_CHECK(X.defined() && X.dim() == 2 && X.size(0) > 0 && X.size(1) > 0,
-              fmt::format("{}: X must be a 2-D tensor (batch_size, num_steps) of token ids with "
-                          "at least one example and one step, got {}",
-                          fn, detail::shape_of(X)));
-  TORCH_CHECK(at::isIntegralType(X.scalar_type(), /*includeBool=*/false),
-              fmt::format("{}: X must hold integer token ids, got dtype {}", fn,
-                          c10::toString(X.scalar_type())));
-  detail::check_same_device(fn, "embedding.weight", embedding->weight, "X", X);
-  const int64_t vocab_size = embedding->options.num_embeddings();
-  const auto [lo, hi] = torch::aminmax(X);
-  const int64_t min_id = lo.item<int64_t>(), max_id = hi.item<int64_t>();
-  TORCH_CHECK(min_id >= 0 && max_id < vocab_size,
-              fmt::format("{}: X must hold token ids in [0, vocab_size={}), got ids from {} to {}",
-                          fn, vocab_size, min_id, max_id));
-  return X.to(torch::kLong);
 }
 
 // A recurrent state `name` must be (num_layers, batch, num_hiddens) in the
@@ -93,18 +74,6 @@ void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2Se
                            enc.outputs);
   detail::check_same_device(fn, "enc_outputs.hidden_state", enc.hidden_state, "enc_outputs.outputs",
                             enc.outputs);
-}
-
-// Valid source lengths: undefined, or (batch) whole non-negative numbers.
-void check_enc_valid_lens(const char* fn, const char* name, const torch::Tensor& lens,
-                          int64_t batch, const torch::Tensor& ref, const char* ref_name) {
-  if (!lens.defined()) return;
-  detail::check_strided_layout(fn, name, lens);
-  TORCH_CHECK(lens.dim() == 1 && lens.size(0) == batch,
-              fmt::format("{}: {} must have shape [batch_size={}], got {}", fn, name, batch,
-                          detail::shape_of(lens)));
-  detail::check_same_device(fn, ref_name, ref, name, lens);
-  detail::check_length_values(fn, name, lens);
 }
 
 // The attention decoder's state as init_state makes it, whatever the caller

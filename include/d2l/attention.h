@@ -14,4 +14,5 @@
 #include <d2l/sequence_mask.h>
 #include <d2l/state_dict.h>
 #include <d2l/torch_version.h>
+#include <d2l/transformer.h>
 #include <d2l/version.h>

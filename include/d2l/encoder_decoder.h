@@ -8,13 +8,20 @@
 
 #include <memory>
 #include <tuple>
+#include <vector>
 
 namespace d2l {
+
+namespace detail {
+struct StepCache;  // src/transformer_cache.h
+}  // namespace detail
 
 /// What an encoder hands to a decoder's `init_state`: the book's `enc_outputs`,
 /// the pair `(output, state)` that `nn.GRU` returns.
 struct EncoderOutput {
-  /// Top-layer outputs of every encoder step, time-major: (num_steps, B, num_hiddens).
+  /// Top-layer outputs of every encoder step, time-major: (num_steps, B,
+  /// num_hiddens); batch-first, (B, num_steps, num_hiddens), from
+  /// TransformerEncoder, whose hidden_state is undefined (the book's shapes).
   torch::Tensor outputs;
   /// Final hidden state of every layer: (num_layers, B, num_hiddens).
   torch::Tensor hidden_state;
@@ -31,6 +38,9 @@ struct EncoderOutput {
 ///   change while a sequence is decoded, so `init_state` projects them once
 ///   instead of once per decoding step.
 ///
+/// * `TransformerDecoder` uses the book's `[enc_outputs, enc_valid_lens,
+///   key_values]`, and in evaluation mode `step_cache`.
+///
 /// Fields a decoder does not use stay undefined.
 struct DecoderState {
   /// Recurrent state of every layer: (num_layers, B, num_hiddens).
@@ -41,6 +51,16 @@ struct DecoderState {
   torch::Tensor enc_valid_lens;
   /// attention->W_k(enc_outputs): (B, num_enc_steps, attention num_hiddens).
   torch::Tensor projected_keys;
+  /// TransformerDecoder: per block, the block's inputs at every target step so
+  /// far (the book's `state[2][i]`), (B, steps, num_hiddens); undefined before
+  /// the block's first call.
+  std::vector<torch::Tensor> key_values;
+  /// TransformerDecoder in evaluation mode: the buffers behind `key_values` and
+  /// each block's self-attention keys and values, projected once and growing
+  /// by doubling, and the encoder-decoder attention's projected keys and
+  /// values. Shared by the states of one decoding; a state advanced from an
+  /// older one (as in beam search) gets its own copy.
+  std::shared_ptr<detail::StepCache> step_cache;
 };
 
 /// The book's `Encoder` interface: `forward(X, *args)`. The only extra argument

@@ -1,0 +1,274 @@
+// The Transformer's decoder (d2l 0.17): DecoderBlock and TransformerDecoder,
+// with the step cache of evaluation mode (Note [The decoder's step cache]).
+
+#include <d2l/transformer.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <utility>
+
+#include "checked_load.h"
+#include "checks.h"
+#include "sequence_checks.h"
+#include "transformer_cache.h"
+#include "transformer_options.h"
+
+namespace d2l {
+namespace {
+
+// The encoder-side entries of a state: enc_outputs (B, m, key_size) and
+// enc_valid_lens, in the dtype and on the device of `weight`.
+void check_encoder_state(const char* fn, const DecoderState& state, int64_t batch,
+                         const TransformerBlockOptions& o, const torch::Tensor& weight) {
+  const auto& enc = state.enc_outputs;
+  detail::check_strided_layout(fn, "state.enc_outputs", enc);
+  TORCH_CHECK(enc.defined() && enc.dim() == 3 && enc.size(0) == batch && enc.size(1) > 0 &&
+                  enc.size(2) == o.key_size() && enc.size(2) == o.value_size(),
+              fmt::format("{}: state.enc_outputs must have shape [batch_size={}, num_enc_steps, "
+                          "key_size={}] (value_size={}) with at least one step, got {}: a state "
+                          "from TransformerDecoder::init_state of this model?",
+                          fn, batch, o.key_size(), o.value_size(), detail::shape_of(enc)));
+  detail::check_same_dtype(fn, "the decoder's weights", weight, "state.enc_outputs", enc);
+  detail::check_same_device(fn, "the decoder's weights", weight, "state.enc_outputs", enc);
+  detail::check_enc_valid_lens(fn, "state.enc_valid_lens", state.enc_valid_lens, batch, enc,
+                               "state.enc_outputs");
+}
+
+// Block i's past inputs: undefined, or (B, steps so far, num_hiddens) like X.
+void check_key_values(const char* fn, const DecoderState& state, int64_t i,
+                      const torch::Tensor& X) {
+  TORCH_CHECK(static_cast<int64_t>(state.key_values.size()) > i,
+              fmt::format("{}: state.key_values has {} entries, block {} needs one of its own: a "
+                          "state from TransformerDecoder::init_state of a decoder with more blocks?",
+                          fn, state.key_values.size(), i));
+  const auto& past = state.key_values[static_cast<size_t>(i)];
+  if (!past.defined()) return;
+  detail::check_strided_layout(fn, "state.key_values[i]", past);
+  TORCH_CHECK(past.dim() == 3 && past.size(0) == X.size(0) && past.size(2) == X.size(2),
+              fmt::format("{}: state.key_values[{}] must have shape [batch_size={}, steps, "
+                          "num_hiddens={}] like X, got {}",
+                          fn, i, X.size(0), X.size(2), detail::shape_of(past)));
+  detail::check_same_dtype(fn, "X", X, "state.key_values[i]", past);
+  detail::check_same_device(fn, "X", X, "state.key_values[i]", past);
+}
+
+// The book's transpose_output(attention(transpose_qkv(W_q(queries)), keys,
+// values, lens)) through W_o, for keys and values already projected and split.
+torch::Tensor attend_projected(MultiHeadAttentionImpl& mha, const torch::Tensor& queries,
+                               const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& lens) {
+  const int64_t heads = mha.options.num_heads();
+  const auto out = mha.attention(transpose_qkv(mha.W_q(queries), heads), keys, values, lens);
+  return mha.W_o(transpose_output(out, heads));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// DecoderBlock
+
+DecoderBlockImpl::DecoderBlockImpl(int64_t key_size, int64_t query_size, int64_t value_size,
+                                   int64_t num_hiddens, std::vector<int64_t> norm_shape,
+                                   int64_t ffn_num_input, int64_t ffn_num_hiddens,
+                                   int64_t num_heads, double dropout, int64_t i_)
+    : DecoderBlockImpl(TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
+                                               std::move(norm_shape), ffn_num_input,
+                                               ffn_num_hiddens, num_heads)
+                           .dropout(dropout),
+                       i_) {}
+
+DecoderBlockImpl::DecoderBlockImpl(const TransformerBlockOptions& options_, int64_t i_)
+    : options(options_), i(i_) {
+  reset();
+}
+
+void DecoderBlockImpl::reset() {
+  constexpr const char* fn = "d2l::DecoderBlock";
+  const auto& o = options;
+  detail::check_block_options(fn, o);
+  TORCH_CHECK(i >= 0, fmt::format("{}: the block index i must be non-negative, got {}", fn, i));
+  attention1 = register_module("attention1", detail::make_block_attention(o, o.use_bias()));
+  addnorm1 = register_module("addnorm1", AddNorm(o.norm_shape(), o.dropout()));
+  attention2 = register_module("attention2", detail::make_block_attention(o, o.use_bias()));
+  addnorm2 = register_module("addnorm2", AddNorm(o.norm_shape(), o.dropout()));
+  ffn = register_module("ffn", PositionWiseFFN(o.ffn_num_input(), o.ffn_num_hiddens(),
+                                               o.num_hiddens()));
+  addnorm3 = register_module("addnorm3", AddNorm(o.norm_shape(), o.dropout()));
+}
+
+void DecoderBlockImpl::pretty_print(std::ostream& stream) const {
+  stream << detail::describe_block("d2l::DecoderBlock", options) << " i=" << i;
+}
+
+std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward(const torch::Tensor& X,
+                                                                  const DecoderState& state) {
+  constexpr const char* fn = "d2l::DecoderBlock";
+  detail::check_floating(fn, "X", X, 3);
+  TORCH_CHECK(X.size(0) > 0 && X.size(1) > 0 && X.size(2) == options.query_size(),
+              fmt::format("{}: X must have shape [batch_size, steps, query_size={}] with at least "
+                          "one example and one step, got {}",
+                          fn, options.query_size(), detail::shape_of(X)));
+  check_encoder_state(fn, state, X.size(0), options, attention2->W_k->weight);
+  check_key_values(fn, state, i, X);
+
+  DecoderState next = state;
+  const auto slot = static_cast<size_t>(i);
+  const auto& past = state.key_values[slot];
+  torch::Tensor Y, Y2;
+  if (!is_training() && !torch::GradMode::is_enabled()) {
+    // Note [The decoder's step cache]: the same numbers as the branch below.
+    const int64_t heads = options.num_heads();
+    auto cache = state.step_cache ? std::make_shared<detail::StepCache>(*state.step_cache)
+                                  : std::make_shared<detail::StepCache>();
+    if (cache->blocks.size() <= slot) cache->blocks.resize(slot + 1);
+    auto& block = cache->blocks[slot];
+    if (!block || !block->serves(past)) {
+      block = std::make_shared<detail::BlockCache>();
+      if (past.defined()) {
+        block->append(past, transpose_qkv(attention1->W_k(past), heads),
+                      transpose_qkv(attention1->W_v(past), heads));
+      }
+    }
+    block->append(X, transpose_qkv(attention1->W_k(X), heads),
+                  transpose_qkv(attention1->W_v(X), heads));
+    next.key_values[slot] = block->filled_inputs();
+    Y = addnorm1(X, attend_projected(*attention1, X, block->filled_keys(), block->filled_values(),
+                                     torch::Tensor()));
+    if (!block->cross_source.defined() || !block->cross_source.is_same(state.enc_outputs)) {
+      block->cross_source = state.enc_outputs;
+      block->cross_keys = transpose_qkv(attention2->W_k(state.enc_outputs), heads);
+      block->cross_values = transpose_qkv(attention2->W_v(state.enc_outputs), heads);
+    }
+    const auto lens = state.enc_valid_lens.defined()
+                          ? state.enc_valid_lens.repeat_interleave(heads, /*dim=*/0)
+                          : torch::Tensor();
+    Y2 = attend_projected(*attention2, Y, block->cross_keys, block->cross_values, lens);
+    next.step_cache = std::move(cache);
+  } else {
+    // The book's code.
+    const auto key_values = past.defined() ? torch::cat({past, X}, 1) : X;
+    next.key_values[slot] = key_values;
+    torch::Tensor dec_valid_lens;
+    if (is_training()) {
+      dec_valid_lens = torch::arange(1, X.size(1) + 1, X.options().dtype(torch::kLong))
+                           .repeat({X.size(0), 1});
+    }
+    Y = addnorm1(X, attention1(X, key_values, key_values, dec_valid_lens));
+    Y2 = attention2(Y, state.enc_outputs, state.enc_outputs, state.enc_valid_lens);
+  }
+  const auto Z = addnorm2(Y, Y2);
+  return {addnorm3(Z, ffn(Z)), std::move(next)};
+}
+
+void DecoderBlockImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::DecoderBlock::load");
+}
+
+// ---------------------------------------------------------------------------
+// TransformerDecoder
+
+TransformerDecoderImpl::TransformerDecoderImpl(int64_t vocab_size, int64_t key_size,
+                                               int64_t query_size, int64_t value_size,
+                                               int64_t num_hiddens, std::vector<int64_t> norm_shape,
+                                               int64_t ffn_num_input, int64_t ffn_num_hiddens,
+                                               int64_t num_heads, int64_t num_layers,
+                                               double dropout)
+    : TransformerDecoderImpl(TransformerOptions(
+          vocab_size,
+          TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
+                                  std::move(norm_shape), ffn_num_input, ffn_num_hiddens,
+                                  num_heads)
+              .dropout(dropout),
+          num_layers)) {}
+
+TransformerDecoderImpl::TransformerDecoderImpl(const TransformerOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void TransformerDecoderImpl::reset() {
+  constexpr const char* fn = "d2l::TransformerDecoder";
+  detail::check_transformer_options(fn, options);
+  const auto& b = options.block();
+  embedding = register_module("embedding",
+                              torch::nn::Embedding(options.vocab_size(), b.num_hiddens()));
+  pos_encoding = register_module(
+      "pos_encoding", PositionalEncoding(b.num_hiddens(), b.dropout(), options.max_len()));
+  blks = register_module("blks", torch::nn::Sequential());
+  for (int64_t i = 0; i < options.num_layers(); ++i) {
+    blks->push_back("block" + std::to_string(i), DecoderBlock(b, i));
+  }
+  dense = register_module("dense", torch::nn::Linear(b.num_hiddens(), options.vocab_size()));
+}
+
+void TransformerDecoderImpl::pretty_print(std::ostream& stream) const {
+  stream << detail::describe_transformer("d2l::TransformerDecoder", options);
+}
+
+DecoderBlock TransformerDecoderImpl::block(int64_t i) const {
+  TORCH_CHECK(i >= 0 && i < options.num_layers(),
+              fmt::format("d2l::TransformerDecoder::block: i must be in [0, num_layers={}), got {}",
+                          options.num_layers(), i));
+  return DecoderBlock(blks->ptr<DecoderBlockImpl>(static_cast<size_t>(i)));
+}
+
+DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs,
+                                                const torch::Tensor& enc_valid_lens) {
+  constexpr const char* fn = "d2l::TransformerDecoder::init_state";
+  const auto& out = enc_outputs.outputs;
+  TORCH_CHECK(!enc_outputs.hidden_state.defined() && out.defined() && out.dim() == 3,
+              fmt::format("{}: enc_outputs must be a TransformerEncoder's output: outputs "
+                          "batch-first (batch_size, num_enc_steps, num_hiddens) and no "
+                          "hidden_state, got outputs {} and hidden_state {}{}",
+                          fn, detail::shape_of(out), detail::shape_of(enc_outputs.hidden_state),
+                          enc_outputs.hidden_state.defined() ? " (an RNN encoder's?)" : ""));
+  DecoderState state;
+  state.enc_outputs = out;
+  state.enc_valid_lens = enc_valid_lens;
+  check_encoder_state(fn, state, out.size(0), options.block(), embedding->weight);
+  state.key_values.resize(static_cast<size_t>(options.num_layers()));
+  return state;
+}
+
+std::tuple<torch::Tensor, DecoderState> TransformerDecoderImpl::forward(const torch::Tensor& X,
+                                                                        const DecoderState& state) {
+  constexpr const char* fn = "d2l::TransformerDecoder";
+  const auto tokens = detail::checked_tokens(fn, X, embedding);
+  TORCH_CHECK(static_cast<int64_t>(state.key_values.size()) == options.num_layers(),
+              fmt::format("{}: state.key_values must have one entry per block (num_layers={}), "
+                          "got {}: a state from init_state of another decoder?",
+                          fn, options.num_layers(), state.key_values.size()));
+  check_encoder_state(fn, state, X.size(0), options.block(), embedding->weight);
+  // As the book: every call adds positions 0, 1, ... to its own tokens, also
+  // when it decodes one token after others.
+  auto H = pos_encoding(embedding(tokens) *
+                        std::sqrt(static_cast<double>(options.block().num_hiddens())));
+  DecoderState next = state;
+  for (int64_t i = 0; i < options.num_layers(); ++i) std::tie(H, next) = block(i)(H, next);
+  return {dense(H), std::move(next)};
+}
+
+std::array<std::vector<torch::Tensor>, 2> TransformerDecoderImpl::block_attention_weights() const {
+  std::array<std::vector<torch::Tensor>, 2> weights;
+  for (int64_t i = 0; i < options.num_layers(); ++i) {
+    const auto blk = block(i);
+    weights[0].push_back(blk->attention1->last_attention_weights());
+    weights[1].push_back(blk->attention2->last_attention_weights());
+  }
+  return weights;
+}
+
+torch::Tensor TransformerDecoderImpl::attention_weights() const {
+  auto cross = block_attention_weights()[1];
+  for (const auto& w : cross) {
+    if (!w.defined()) return {};
+  }
+  return torch::cat(cross, 0);
+}
+
+void TransformerDecoderImpl::load(torch::serialize::InputArchive& archive) {
+  detail::checked_load(*this, archive, "d2l::TransformerDecoder::load");
+}
+
+}  // namespace d2l

@@ -1,0 +1,189 @@
+// The Transformer decoder's step cache (Note [The decoder's step cache]):
+// states advanced more than once, buffers that grow without copying the
+// past; and what the Transformer's classes refuse.
+
+#include <d2l/seq2seq.h>
+#include <d2l/state_dict.h>
+#include <d2l/transformer.h>
+
+#include <gmock/gmock.h>
+
+#include <sstream>
+
+#include "test_utils.h"
+
+namespace {
+
+using d2l::testing::error_message;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr int64_t kVocab = 13, kHiddens = 8, kHeads = 2, kLayers = 2;
+
+d2l::EncoderDecoder small_transformer(double dropout = 0.0) {
+  torch::manual_seed(7);
+  return d2l::EncoderDecoder{
+      d2l::TransformerEncoder(kVocab, kHiddens, kHiddens, kHiddens, kHiddens, {kHiddens}, kHiddens,
+                              16, kHeads, kLayers, dropout),
+      d2l::TransformerDecoder(kVocab, kHiddens, kHiddens, kHiddens, kHiddens, {kHiddens}, kHiddens,
+                              16, kHeads, kLayers, dropout)};
+}
+
+struct Decoding {
+  d2l::EncoderDecoder model = small_transformer();
+  std::shared_ptr<d2l::TransformerDecoderImpl> decoder =
+      std::dynamic_pointer_cast<d2l::TransformerDecoderImpl>(model->decoder);
+  torch::Tensor enc_X = torch::randint(kVocab, {3, 5}, torch::kLong);
+  torch::Tensor lens = torch::tensor({5, 2, 4});
+
+  Decoding() { model->eval(); }
+  d2l::DecoderState init() {
+    return decoder->init_state(model->encoder->forward(enc_X, lens), lens);
+  }
+  // The decoder's outputs for `tokens` (B, steps), one call a step from `state`.
+  torch::Tensor run(d2l::DecoderState& state, const torch::Tensor& tokens) {
+    std::vector<torch::Tensor> outputs;
+    for (int64_t t = 0; t < tokens.size(1); ++t) {
+      torch::Tensor Y;
+      std::tie(Y, state) = decoder->forward(tokens.slice(1, t, t + 1), state);
+      outputs.push_back(Y);
+    }
+    return torch::cat(outputs, 1);
+  }
+};
+
+TEST(TransformerDecoding, TheCacheGivesTheBooksNumbersInEveryDtype) {
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    Decoding d;
+    d.model->to(dtype);
+    const auto tokens = torch::randint(kVocab, {3, 11}, torch::kLong);
+    torch::Tensor cached, book;
+    {
+      torch::NoGradGuard no_grad;
+      auto state = d.init();
+      cached = d.run(state, tokens);
+    }
+    {
+      auto state = d.init();  // autograd on: the book's concatenation
+      book = d.run(state, tokens);
+      EXPECT_EQ(state.step_cache, nullptr);
+    }
+    EXPECT_LT(d2l::testing::max_rel_error(cached, book), dtype == torch::kFloat ? 1e-5 : 1e-12)
+        << c10::toString(dtype);
+  }
+}
+
+TEST(TransformerDecoding, TheBuffersGrowWithoutCopyingThePastEveryStep) {
+  Decoding d;
+  torch::NoGradGuard no_grad;
+  auto state = d.init();
+  const auto tokens = torch::randint(kVocab, {3, 20}, torch::kLong);
+  std::vector<const void*> data;
+  for (int64_t t = 0; t < tokens.size(1); ++t) {
+    std::tie(std::ignore, state) = d.decoder->forward(tokens.slice(1, t, t + 1), state);
+    ASSERT_EQ(state.key_values[1].size(1), t + 1);
+    data.push_back(state.key_values[1].data_ptr());
+  }
+  // Capacity 8, then 16, then 32: three buffers for twenty steps.
+  EXPECT_EQ(std::set<const void*>(data.begin(), data.end()).size(), 3u);
+  EXPECT_EQ(data[0], data[7]);
+  EXPECT_NE(data[7], data[8]);
+  EXPECT_EQ(data[8], data[15]);
+}
+
+TEST(TransformerDecoding, AStateAdvancedTwiceGivesTheSameNumbersBothTimes) {
+  Decoding d;
+  torch::NoGradGuard no_grad;
+  auto start = d.init();
+  const auto prefix = torch::randint(kVocab, {3, 3}, torch::kLong);
+  d.run(start, prefix);
+  const auto a = torch::randint(kVocab, {3, 4}, torch::kLong);
+  const auto b = torch::randint(kVocab, {3, 4}, torch::kLong);
+  auto branch_a = start, branch_b = start;
+  const auto out_a = d.run(branch_a, a);
+  const auto out_b = d.run(branch_b, b);  // from the same state, as beam search does
+  auto again = start;
+  EXPECT_TRUE(torch::equal(d.run(again, a), out_a));
+  // The same without the cache.
+  torch::AutoGradMode grad(true);
+  auto book = start;
+  book.step_cache = nullptr;
+  EXPECT_LT(d2l::testing::max_rel_error(d.run(book, b), out_b), 1e-5);
+  EXPECT_EQ(branch_a.key_values[0].size(1), 7);
+}
+
+TEST(TransformerDecoding, AStateFromTheCallerIsTakenAsItsKeyValues) {
+  // key_values set by hand (here: another state's) build a cache of their own.
+  Decoding d;
+  torch::NoGradGuard no_grad;
+  auto state = d.init();
+  d.run(state, torch::randint(kVocab, {3, 2}, torch::kLong));
+  auto copied = d.init();
+  for (size_t i = 0; i < state.key_values.size(); ++i) {
+    copied.key_values[i] = state.key_values[i].clone();
+  }
+  const auto next = torch::randint(kVocab, {3, 1}, torch::kLong);
+  EXPECT_TRUE(torch::equal(d.run(copied, next), d.run(state, next)));
+}
+
+TEST(TransformerErrors, ArgumentsNameWhatIsWrong) {
+  EXPECT_THAT(error_message([] { d2l::EncoderBlock(8, 8, 8, 10, {10}, 10, 16, 4, 0.1); }),
+              HasSubstr("num_hiddens=10 must be a multiple of num_heads=4"));
+  EXPECT_THAT(error_message([] { d2l::AddNorm({4}, 1.5); }),
+              AllOf(StartsWith("d2l::AddNorm"), HasSubstr("1.5")));
+  d2l::PositionalEncoding pe(8, 0.0, 5);
+  EXPECT_THAT(error_message([&] { pe(torch::zeros({1, 6, 8})); }),
+              AllOf(StartsWith("d2l::PositionalEncoding"), HasSubstr("6 steps"),
+                    HasSubstr("max_len=5")));
+  EXPECT_THAT(error_message([&] { pe(torch::zeros({1, 4, 7})); }), HasSubstr("num_hiddens=8"));
+  d2l::AddNorm add_norm({8}, 0.0);
+  EXPECT_THAT(error_message([&] { add_norm(torch::zeros({2, 8}), torch::zeros({3, 8})); }),
+              AllOf(HasSubstr("got X [2, 8] and Y [3, 8]")));
+
+  Decoding d;
+  const auto X = torch::randint(kVocab, {3, 2}, torch::kLong);
+  EXPECT_THAT(error_message([&] { d.model->encoder->forward(torch::full({3, 2}, kVocab), d.lens); }),
+              AllOf(StartsWith("d2l::TransformerEncoder"), HasSubstr("vocab_size=13")));
+  EXPECT_THAT(error_message([&] { d.model->encoder->forward(X, torch::tensor({1, 2})); }),
+              HasSubstr("valid_lens must have shape [batch_size=3]"));
+
+  // A state of another model: an RNN encoder's output, too few blocks, another batch.
+  d2l::Seq2SeqEncoder rnn(kVocab, 4, kHiddens, 1);
+  EXPECT_THAT(error_message([&] { d.decoder->init_state(rnn(X), d.lens); }),
+              AllOf(StartsWith("d2l::TransformerDecoder::init_state"),
+                    HasSubstr("an RNN encoder's?")));
+  auto state = d.init();
+  auto short_state = state;
+  short_state.key_values.pop_back();
+  EXPECT_THAT(error_message([&] { d.decoder->forward(X, short_state); }),
+              HasSubstr("state.key_values must have one entry per block (num_layers=2), got 1"));
+  EXPECT_THAT(error_message([&] { d.decoder->forward(X.slice(0, 0, 2), state); }),
+              HasSubstr("state.enc_outputs must have shape [batch_size=2"));
+  auto bad_past = state;
+  bad_past.key_values[1] = torch::zeros({3, 2, kHiddens + 1});
+  EXPECT_THAT(error_message([&] { d.decoder->forward(X, bad_past); }),
+              AllOf(StartsWith("d2l::DecoderBlock"), HasSubstr("state.key_values[1]"),
+                    HasSubstr("[3, 2, 9]")));
+  auto doubles = state;
+  doubles.enc_outputs = doubles.enc_outputs.to(torch::kDouble);
+  EXPECT_THAT(error_message([&] { d.decoder->forward(X, doubles); }),
+              HasSubstr("state.enc_outputs"));
+  // Nothing above changed the state handed in.
+  EXPECT_FALSE(state.key_values[0].defined());
+  EXPECT_EQ(state.step_cache, nullptr);
+}
+
+TEST(TransformerErrors, AStateDictOfAnotherArchitectureChangesNothing) {
+  auto transformer = small_transformer();
+  d2l::EncoderDecoder rnn{d2l::Seq2SeqEncoder(kVocab, kHiddens, kHiddens, kLayers),
+                          d2l::Seq2SeqDecoder(kVocab, kHiddens, kHiddens, kLayers)};
+  std::stringstream file;
+  d2l::save_state_dict(*rnn, file);
+  const auto before = transformer->named_parameters()["decoder.dense.weight"].clone();
+  EXPECT_THAT(error_message([&] { d2l::load_state_dict(*transformer, file); }),
+              AllOf(StartsWith("d2l::load_state_dict"), HasSubstr("encoder.blks.block0")));
+  EXPECT_TRUE(torch::equal(transformer->named_parameters()["decoder.dense.weight"], before));
+}
+
+}  // namespace
