@@ -2,6 +2,7 @@
 // book's Python code forward, backward and step by step
 // (tests/fixtures/generate_fixtures_transformer.py), in float32 and float64.
 
+#include <d2l/state_dict.h>
 #include <d2l/transformer.h>
 
 #include <fmt/format.h>
@@ -175,5 +176,31 @@ TEST_P(TransformerStepParity, StepByStepDecodingMatchesThePythonReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TransformerStepParity, ::testing::Values("float32", "float64"));
+
+// A state dict saved by the book's Python model (torch.save(model.state_dict()),
+// tests/fixtures/generate_state_dicts.py) loads key for key and gives Python's outputs.
+TEST(Transformer, AStateDictSavedByPythonLoadsAndGivesPythonsOutputs) {
+  for (const char* version : {"torch113", "torch211"}) {
+    const std::string name = std::string("state_transformer_") + version;
+    SCOPED_TRACE(name);
+    const auto f = load_fixture(name);
+    d2l::EncoderDecoder model{d2l::TransformerEncoder(7, 8, 8, 8, 8, {8}, 8, 12, 2, 2, 0.1),
+                              d2l::TransformerDecoder(7, 8, 8, 8, 8, {8}, 8, 12, 2, 2, 0.1)};
+    d2l::load_state_dict(*model, std::string(D2L_FIXTURE_DIR) + "/" + name + ".pt");
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const auto enc_X = f.tensor("enc_X"), dec_X = f.tensor("dec_X"),
+               lens = f.tensor("enc_valid_lens");
+    expect_matches(std::get<0>(model(enc_X, dec_X, lens)), f, "output");
+    auto state = model->decoder->init_state(model->encoder->forward(enc_X, lens), lens);
+    std::vector<torch::Tensor> steps;
+    for (int64_t t = 0; t < dec_X.size(1); ++t) {
+      torch::Tensor Y;
+      std::tie(Y, state) = model->decoder->forward(dec_X.slice(1, t, t + 1), state);
+      steps.push_back(Y);
+    }
+    expect_matches(torch::cat(steps, 1), f, "stepwise_output");
+  }
+}
 
 }  // namespace
