@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 
 #include <sstream>
+#include <thread>
 
 #include "test_utils.h"
 
@@ -184,6 +185,64 @@ TEST(TransformerErrors, AStateDictOfAnotherArchitectureChangesNothing) {
   EXPECT_THAT(error_message([&] { d2l::load_state_dict(*transformer, file); }),
               AllOf(StartsWith("d2l::load_state_dict"), HasSubstr("encoder.blks.block0")));
   EXPECT_TRUE(torch::equal(transformer->named_parameters()["decoder.dense.weight"], before));
+}
+
+TEST(TransformerDecoding, ThreadsDecodingWithOneSharedModelGetTheirOwnNumbers) {
+  Decoding d;
+  torch::NoGradGuard no_grad;
+  constexpr int kThreads = 4;
+  std::vector<torch::Tensor> tokens, alone(kThreads), shared(kThreads);
+  for (int k = 0; k < kThreads; ++k) {
+    tokens.push_back(torch::randint(kVocab, {3, 6}, torch::kLong));
+    auto state = d.init();
+    alone[k] = d.run(state, tokens[k]);
+  }
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      torch::NoGradGuard no_grad_here;
+      auto state = d.init();
+      shared[k] = d.run(state, tokens[k]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kThreads; ++k) EXPECT_TRUE(torch::equal(shared[k], alone[k])) << k;
+}
+
+TEST(TransformerDecoding, CudaMatchesCpuWhenAvailable) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    Decoding d;
+    d.model->to(dtype);
+    d.model->train();  // dropout 0: the causal training path, with gradients
+    const auto dec_X = torch::randint(kVocab, {3, 7}, torch::kLong);
+    const auto [cpu_output, cpu_state] = d.model(d.enc_X, dec_X, d.lens);
+    cpu_output.sum().backward();
+    std::vector<torch::Tensor> cpu_grads;
+    for (const auto& p : d.model->parameters()) cpu_grads.push_back(p.grad().clone());
+    d.model->zero_grad();
+    d.model->to(torch::Device(torch::kCUDA));
+    const auto [cuda_output, cuda_state] = d.model(d.enc_X.cuda(), dec_X.cuda(), d.lens.cuda());
+    cuda_output.sum().backward();
+    const double tol = dtype == torch::kFloat ? 1e-4 : 1e-10;
+    EXPECT_LT(d2l::testing::max_rel_error(cuda_output, cpu_output), tol);
+    const auto params = d.model->parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      EXPECT_LT(d2l::testing::max_rel_error(params[k].grad(), cpu_grads[k]), tol) << k;
+    }
+    // Step by step from the cache, on the device.
+    d.model->eval();
+    torch::NoGradGuard no_grad;
+    d.model->to(torch::kCPU);
+    auto cpu_steps = d.init();
+    const auto want = d.run(cpu_steps, dec_X);
+    d.model->to(torch::Device(torch::kCUDA));
+    d.enc_X = d.enc_X.cuda();
+    d.lens = d.lens.cuda();
+    auto cuda_steps = d.init();
+    EXPECT_LT(d2l::testing::max_rel_error(d.run(cuda_steps, dec_X.cuda()), want), tol);
+    EXPECT_TRUE(cuda_steps.key_values[0].is_cuda());
+  }
 }
 
 }  // namespace
