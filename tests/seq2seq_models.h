@@ -1,8 +1,9 @@
 #pragma once
 
-// The sequence-to-sequence set-up shared by test_seq2seq.cpp and
-// test_encoder_decoder.cpp: the sizes of the book's examples and the book's
-// EncoderDecoder with the plain or the attention decoder.
+// The sequence-to-sequence set-up shared by test_seq2seq.cpp,
+// test_seq2seq_attention.cpp and test_encoder_decoder.cpp: the sizes of the
+// book's examples and the book's EncoderDecoder with the plain or the
+// attention decoder.
 
 #include <d2l/seq2seq.h>
 

@@ -1,13 +1,12 @@
 // What depends on the LibTorch version and the device: the version the build
-// reports, the SDPA path of dot-product attention (LibTorch 2.1+) against the
-// composite oracle, the choice Path::kAuto makes, the errors where a feature
-// is missing, and the same checks on CUDA where a GPU is present.
+// reports, the thread pools, the choice Path::kAuto makes, the errors where a
+// feature is missing, and every path on CUDA where a GPU is present. The SDPA
+// path (LibTorch 2.1+) against the composite oracle: test_platform_sdpa.cpp.
 
 #include <d2l/additive_attention.h>
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/masked_softmax.h>
-#include <d2l/multi_head_attention.h>
 #include <d2l/torch_version.h>
 
 #include <algorithm>
@@ -18,20 +17,17 @@
 
 #include "masked_softmax.h"
 #include "path.h"
+#include "platform_helpers.h"
 #include "test_utils.h"
 
 namespace {
 
 using d2l::Path;
+using d2l::testing::dot;
 using d2l::testing::error_message;
+using d2l::testing::length_cases;
 using d2l::testing::max_rel_error;
 using ::testing::HasSubstr;
-
-std::tuple<torch::Tensor, torch::Tensor> dot(const torch::Tensor& q, const torch::Tensor& k,
-                                             const torch::Tensor& v, const torch::Tensor& lens,
-                                             Path path, bool need_weights = false) {
-  return d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, path, need_weights);
-}
 
 TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
   EXPECT_EQ(d2l::torch_version(), std::to_string(TORCH_VERSION_MAJOR) + "." +
@@ -122,131 +118,6 @@ TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
   EXPECT_THAT(error_message([&] { additive(q, k, v); }), HasSubstr("is only for dot-product"));
 }
 
-// Every dtype SDPA has a CPU kernel for, with its tolerance against the
-// composite path in the same dtype (reduced precision: both round to it).
-using d2l::testing::DtypeTolerance;
-const std::vector<DtypeTolerance> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
-                                                 {torch::kFloat, 2e-6, 2e-5},
-                                                 {torch::kBFloat16, 2e-2, 5e-2},
-                                                 {torch::kHalf, 3e-3, 1e-2}};
-
-std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {
-  return {torch::Tensor(), torch::randint(0, m + 3, {B}),    // 0, below, at and above m
-          torch::randint(0, m + 3, {B, n}),                  // per query
-          torch::randint(0, m + 3, {B}).to(torch::kDouble),  // whole numbers in float
-          torch::zeros({B}, torch::kLong),                   // no valid key at all
-          // The SDPA path's shortcuts: no row without a key (no fix-up), one
-          // length for all (keys narrowed, no mask), every key valid (no mask).
-          torch::randint(1, m + 1, {B, n}), torch::full({B}, (m + 1) / 2, torch::kLong),
-          torch::full({B}, m + 1, torch::kInt)};
-}
-
-// Forward and backward of the SDPA path against the composite oracle.
-void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor& k0,
-                                   const torch::Tensor& v0, const torch::Tensor& lens,
-                                   const DtypeTolerance& c, const std::string& what) {
-  auto run = [&](Path path) {
-    auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
-         v = v0.detach().clone().requires_grad_();
-    auto out = std::get<0>(dot(q, k, v, lens, path));
-    const auto G =
-        torch::linspace(-1, 1, out.numel(), torch::kDouble).reshape(out.sizes()).to(out.options());
-    (out * G).sum().backward();
-    return std::vector<torch::Tensor>{out, q.grad(), k.grad(), v.grad()};
-  };
-  const auto sdpa = run(Path::kSdpa), composite = run(Path::kComposite);
-  EXPECT_EQ(sdpa[0].scalar_type(), c.dtype) << what;
-  EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.forward) << what << " output";
-  const char* names[] = {"output", "dq", "dk", "dv"};
-  for (int i = 1; i < 4; ++i) {
-    ASSERT_TRUE(sdpa[i].defined()) << what << " " << names[i];
-    EXPECT_LT(max_rel_error(sdpa[i], composite[i]), c.backward) << what << " " << names[i];
-  }
-}
-
-TEST(Platform, SdpaMatchesTheCompositePathForwardAndBackward) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  torch::manual_seed(11);
-  for (const auto& c : kSdpaDtypes) {
-    // Odd sizes, a value width unlike the key width, a single key and query.
-    for (auto [B, n, m, d, dv] : std::vector<std::array<int64_t, 5>>{
-             {3, 5, 7, 4, 3}, {2, 1, 1, 8, 2}, {2, 17, 33, 16, 5}, {1, 64, 129, 64, 64}}) {
-      const auto opts = torch::TensorOptions().dtype(c.dtype);
-      const auto q = torch::randn({B, n, d}, opts), k = torch::randn({B, m, d}, opts),
-                 v = torch::randn({B, m, dv}, opts);
-      for (const auto& lens : length_cases(B, n, m)) {
-        expect_sdpa_matches_composite(
-            q, k, v, lens, c,
-            std::string(c10::toString(c.dtype)) + " B" + std::to_string(B) + " n" +
-                std::to_string(n) + " m" + std::to_string(m) + " lens " +
-                (lens.defined() ? std::to_string(lens.dim()) + "-D" : std::string("none")));
-      }
-    }
-  }
-}
-
-TEST(Platform, SdpaComparesReducedPrecisionLengthsExactly) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  torch::manual_seed(16);
-  const auto q = torch::randn({2, 3, 8}, torch::kDouble),
-             k = torch::randn({2, 600, 8}, torch::kDouble),
-             v = torch::randn({2, 600, 4}, torch::kDouble);
-  for (const auto& lens :
-       {torch::tensor({276, 304}), torch::tensor({{276, 0, 596}, {304, 512, 1}})}) {
-    const auto expected = std::get<0>(dot(q, k, v, lens, Path::kComposite));
-    for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
-      const auto out = std::get<0>(dot(q, k, v, lens.to(dtype), Path::kSdpa));
-      EXPECT_LT(max_rel_error(out, expected), 1e-12) << c10::toString(dtype) << " " << lens.dim();
-    }
-  }
-}
-
-TEST(Platform, SdpaHandlesNonContiguousInputs) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  torch::manual_seed(12);
-  const auto q = torch::randn({5, 3, 4}, torch::kDouble).transpose(0, 1);     // (3, 5, 4)
-  const auto k = torch::randn({4, 6, 3}, torch::kDouble).permute({2, 1, 0});  // (3, 6, 4)
-  const auto v = torch::randn({1, 6, 2}, torch::kDouble).expand({3, 6, 2});
-  expect_sdpa_matches_composite(q, k, v, torch::tensor({2, 0, 9}), kSdpaDtypes[0],
-                                "non-contiguous");
-}
-
-TEST(Platform, SdpaKeepsNonFinitePaddingKeysOut) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  const double inf = std::numeric_limits<double>::infinity();
-  for (double bad : {inf, -inf, std::nan("")}) {
-    auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 6, 4}), v = torch::randn({2, 6, 2});
-    // Keys at and past the longest length of each example are padding.
-    k.index_put_({0, 4}, bad);
-    k.index_put_({1, 2}, bad);
-    for (const auto& lens :
-         {torch::tensor({4, 2}), torch::tensor({{4, 1, 0}, {2, 2, 1}}), torch::tensor({2, 2})}) {
-      const auto inputs = std::vector<torch::Tensor>{q.clone(), k.clone(), v.clone()};
-      const auto sdpa = std::get<0>(dot(q, k, v, lens, Path::kSdpa));
-      const auto composite = std::get<0>(dot(q, k, v, lens, Path::kComposite));
-      EXPECT_TRUE(torch::isfinite(sdpa).all().item<bool>()) << bad;
-      EXPECT_LT(max_rel_error(sdpa, composite), 2e-6) << bad;
-      // Inputs are never modified.
-      EXPECT_TRUE(torch::equal(k.isnan(), inputs[1].isnan()));
-      EXPECT_TRUE(torch::equal(k.nan_to_num(), inputs[1].nan_to_num()));
-    }
-  }
-}
-
-TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  for (auto [B, n, m] : std::vector<std::array<int64_t, 3>>{{0, 3, 4}, {2, 0, 4}, {2, 3, 0}}) {
-    const auto q = torch::randn({B, n, 4}).requires_grad_(), k = torch::randn({B, m, 4});
-    const auto v = torch::randn({B, m, 2});
-    const auto out = std::get<0>(dot(q, k, v, {}, Path::kSdpa));
-    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{B, n, 2}));
-    EXPECT_TRUE(out.requires_grad());
-    EXPECT_EQ(out.abs().sum().item<float>(), 0);
-    out.sum().backward();
-    EXPECT_TRUE(q.grad().defined());
-  }
-}
-
 TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoDropoutIsDrawn) {
   using d2l::detail::DotProductPath;
   auto choose = [](Path path, const torch::Tensor& q, const torch::Tensor& k, double dropout,
@@ -282,42 +153,6 @@ TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoDropoutIsDrawn) {
     EXPECT_EQ(choose(Path::kSdpa, torch::randn({0, 2, 4}), k, 0, false, false),
               DotProductPath::kComposite);
   }
-}
-
-TEST(Platform, ModulesWithoutWeightsRunSdpaWithTheSameNumbers) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  torch::manual_seed(13);
-  const auto q = torch::randn({2, 3, 8}), k = torch::randn({2, 5, 8}), v = torch::randn({2, 5, 8});
-  const auto lens = torch::tensor({3, 0});
-  d2l::DotProductAttention sdpa(
-      d2l::DotProductAttentionOptions().path(Path::kSdpa).record_attention_weights(false));
-  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
-  EXPECT_LT(max_rel_error(sdpa(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
-  EXPECT_FALSE(sdpa->attention_weights.defined());
-
-  auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
-  d2l::MultiHeadAttention mha_sdpa(
-      d2l::MultiHeadAttentionOptions(options).path(Path::kSdpa).record_attention_weights(false));
-  d2l::MultiHeadAttention mha_composite(
-      d2l::MultiHeadAttentionOptions(options).path(Path::kComposite));
-  torch::NoGradGuard no_grad;
-  for (auto& p : mha_sdpa->named_parameters())
-    p.value().copy_(mha_composite->named_parameters()[p.key()]);
-  EXPECT_LT(max_rel_error(mha_sdpa(q, k, v, lens), mha_composite(q, k, v, lens)), 2e-6);
-}
-
-TEST(Platform, SdpaDropoutOnlyInTraining) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
-  d2l::DotProductAttention attention(d2l::DotProductAttentionOptions()
-                                         .dropout(1.0)
-                                         .path(Path::kSdpa)
-                                         .record_attention_weights(false));
-  attention->train();
-  EXPECT_EQ(attention(q, k, v).abs().sum().item<float>(), 0);
-  attention->eval();
-  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
-  EXPECT_LT(max_rel_error(attention(q, k, v), composite(q, k, v)), 2e-6);
 }
 
 // Tensors without data (the meta device) are refused by name before any path
@@ -421,34 +256,6 @@ TEST(PlatformCuda, BadLengthsAreClearErrors) {
       EXPECT_THAT(error_message([&, &lens = lens] { dot(q, k, v, lens.cuda(), path); }),
                   HasSubstr("d2l::dot_product_attention: " + message))
           << d2l::to_string(path);
-    }
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// create_graph=true through SDPA: second derivatives equal the composite
-// path's (LibTorch 2.11 differentiates SDPA's CPU backward).
-TEST(Platform, SdpaDoubleBackwardMatchesComposite) {
-  if (!d2l::sdpa_available()) GTEST_SKIP() << "LibTorch " << d2l::torch_version() << " has no SDPA";
-  torch::manual_seed(15);
-  for (auto dtype : {torch::kDouble, torch::kFloat}) {
-    const auto q0 = torch::randn({2, 3, 4}, dtype), k0 = torch::randn({2, 5, 4}, dtype),
-               v0 = torch::randn({2, 5, 2}, dtype);
-    auto second = [&](Path path) {
-      auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
-           v = v0.clone().requires_grad_();
-      const auto out = std::get<0>(dot(q, k, v, torch::tensor({2, 0}), path));
-      const auto g = torch::autograd::grad({out.pow(2).sum()}, {q, k, v}, {}, true, true);
-      (g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()).backward();
-      return std::vector<torch::Tensor>{q.grad(), k.grad(), v.grad()};
-    };
-    const auto sdpa = second(Path::kSdpa), composite = second(Path::kComposite);
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_LT(max_rel_error(sdpa[i], composite[i]), dtype == torch::kDouble ? 1e-10 : 1e-4)
-          << c10::toString(dtype) << " input " << i;
     }
   }
 }
