@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "cpu/additive_attention_kernel.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
 namespace d2l::cpu {

@@ -22,6 +22,8 @@
 #include "cpu/dot_product_attention_kernel.h"
 #include "cpu/flash_blocks-inl.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
 // Note [Flash attention]

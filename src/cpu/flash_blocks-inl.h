@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/gemm-inl.h"
+#include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
 namespace d2l::cpu {

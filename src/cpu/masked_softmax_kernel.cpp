@@ -1,5 +1,5 @@
 // The fused masked softmax over the last dimension, forward and backward:
-// parallel over rows, vectorised within a row (vec_helpers-inl.h). Compiled
+// parallel over rows, vectorised within a row (softmax_row-inl.h). Compiled
 // once per instruction set (Note [CPU kernels per instruction set]).
 
 #include <ATen/Dispatch.h>
@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "cpu/masked_softmax_kernel.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
 namespace d2l::cpu {
