@@ -1,16 +1,19 @@
 #pragma once
 
-// Blocks, packing and work splitting shared by the flash dot-product kernel's
-// forward and backward (dot_product_attention_kernel.cpp, Note [Flash
-// attention]); included inside each instruction set's CPU_CAPABILITY
-// namespace.
+// Blocks, packing, the arguments of each pass and small vector helpers shared
+// by the flash dot-product kernel's forward and backward
+// (dot_product_attention_{forward,backward}_kernel.cpp, Note [Flash
+// attention] in dot_product_attention_kernel.cpp); included inside each
+// instruction set's CPU_CAPABILITY namespace.
 
 #include <ATen/Parallel.h>
+#include <ATen/core/TensorBase.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cpu/gemm-inl.h"
@@ -135,6 +138,89 @@ int64_t longest_length(const RowLengths& lens, const Dims& s, int64_t b, int64_t
   int64_t longest = 0;
   for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, lens.at(b * s.n + i0 + r, s.m));
   return longest;
+}
+
+// --------------------------------------------- the arguments of each pass
+
+template <typename T>
+struct ForwardArgs {
+  Dims s;
+  const T *q, *k, *v;
+  RowLengths lens;
+  T scale;
+  T *out, *lse;
+  T* weights;  // (B, n, m), or null when no weights are asked
+  int64_t kb;  // the key block (key_block_size)
+};
+
+template <typename T>
+struct BackwardArgs {
+  Dims s;
+  const T *q, *k, *v, *out, *dout, *lse;
+  const T *qpad, *kpad, *dopad;  // rows padded to ldq / ldq / ldv
+  int64_t ldq, ldv;
+  RowLengths lens;
+  T scale;
+  T *dq, *dk, *dv;
+  // kDqLocks of them, a query block's rows of dQ taking one; null where
+  // the sums are made deterministic (DqTarget) and no two threads add into
+  // the same rows.
+  std::mutex* dq_locks;
+};
+
+constexpr int64_t kDqLocks = 64;
+
+// Where a run adds its tasks' shares of dQ for batch entry b: dQ's rows, or,
+// for the entry a continuation run starts inside (deterministic sums, see
+// Continuations), the run's own n × d share.
+template <typename T>
+struct DqTarget {
+  int64_t entry = -1;
+  T* share = nullptr;
+
+  T* rows(const BackwardArgs<T>& a, int64_t b) const {
+    return b == entry ? share : a.dq + b * a.s.n * a.s.d;
+  }
+};
+
+// A's lock for a query block's rows of dQ, or none (deterministic sums).
+template <typename T>
+std::unique_lock<std::mutex> dq_lock(const BackwardArgs<T>& a, int64_t slot) {
+  if (a.dq_locks == nullptr) return {};
+  return std::unique_lock<std::mutex>(a.dq_locks[slot % kDqLocks]);
+}
+
+// ---------------------------------------------- row-by-row vector helpers
+
+// x · y over n elements.
+template <typename T>
+T dot(const T* x, const T* y, int64_t n) {
+  using V = Vectorized<T>;
+  V acc(T(0));
+  int64_t c = 0;
+  for (; c + V::size() <= n; c += V::size()) {
+    acc = at::vec::fmadd(V::loadu(x + c), V::loadu(y + c), acc);
+  }
+  if (c < n) acc = at::vec::fmadd(partial_load(x + c, n - c), partial_load(y + c, n - c), acc);
+  return horizontal_sum(acc);
+}
+
+// y[0:n] = alpha · x[0:n], or += with kAccumulate.
+template <bool kAccumulate, typename T>
+void axpy(T* y, const T* x, T alpha, int64_t n) {
+  using V = Vectorized<T>;
+  const V valpha(alpha);
+  int64_t c = 0;
+  for (; c + V::size() <= n; c += V::size()) {
+    const V x_c = V::loadu(x + c);
+    (kAccumulate ? at::vec::fmadd(valpha, x_c, V::loadu(y + c)) : valpha * x_c).store(y + c);
+  }
+  if (c < n) {
+    const V x_c = partial_load(x + c, n - c);
+    partial_store(kAccumulate ? at::vec::fmadd(valpha, x_c, partial_load(y + c, n - c))
+                              : valpha * x_c,
+                  y + c, n - c);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,340 @@
+// The flash dot-product attention's backward pass on the CPU: P recomputed
+// block by block from lse, parallel over (batch entry, key block), dQ's sums
+// in an order fixed by the work split where they must come out the same from
+// call to call; batch entries of a few queries row by row (flash_rows-inl.h).
+// Note [Flash attention] in dot_product_attention_kernel.cpp. Compiled once
+// per instruction set (Note [CPU kernels per instruction set]).
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cpu/dot_product_attention_kernel_parts.h"
+#include "cpu/flash_blocks-inl.h"
+#include "cpu/flash_rows-inl.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+template <typename T>
+struct BackwardScratch {
+  int64_t kb;  // the call's key block (key_block_size), the row stride of p and dp
+  // p and dp, then dS in dp's place; dk, dv and dq only where the outputs'
+  // rows are not whole tiles (else the products accumulate in the outputs).
+  std::vector<T> p, dp, dk, dv, dq, delta;
+  T *dk_rows = nullptr, *dv_rows = nullptr;  // where the current key block accumulates
+  std::vector<int64_t> len;
+  // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
+  // one task, so nothing is packed twice).
+  std::unique_ptr<T[]> kp, vtp;
+  DqTarget<T> target;
+
+  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv, int64_t kb)
+      : kb(kb),
+        p(kQueryBlock * kb),
+        dp(kQueryBlock * kb),
+        dk(ldq == s.d ? 0 : kb * ldq),
+        dv(ldv == s.dv ? 0 : kb * ldv),
+        dq(ldq == s.d ? 0 : kQueryBlock * ldq),
+        delta(kQueryBlock),
+        len(kQueryBlock),
+        kp(uninitialized_buffer<T>(kb * s.d)),
+        vtp(uninitialized_buffer<T>(kb * s.dv)) {}
+};
+
+// One query block's contribution to key block [j0, j0 + kc) of batch entry b.
+template <typename T>
+void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t kc) {
+  constexpr int64_t W = kTileCols<T>;
+  using V = Vectorized<T>;
+  const Dims& s = a.s;
+  const int64_t tiles = div_up(kc, W);
+  const int64_t row0 = b * s.n + i0;
+  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false);
+  gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, w.vtp.get(), W, s.dv * W, w.dp.data(),
+          w.kb, false);
+  const V vscale(a.scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* p = w.p.data() + r * w.kb;
+    T* ds = w.dp.data() + r * w.kb;
+    const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
+    exp_row(p, valid, kc, a.scale, a.lse[row0 + r]);
+    // dS = scale · P ∘ (dP - D) on the valid keys, D = rowsum(dO ∘ O), and
+    // exactly 0 past them, where dP may hold anything that padding values
+    // produce.
+    const V delta(w.delta[r]);
+    int64_t j = 0;
+    for (; j + V::size() <= valid; j += V::size()) {
+      (vscale * V::loadu(p + j) * (V::loadu(ds + j) - delta)).store(ds + j);
+    }
+    if (j < valid) {
+      const V g = vscale * V::loadu(p + j) * (V::loadu(ds + j) - delta);
+      set_first(V(T(0)), g, valid - j).store(ds + j);
+      j += V::size();
+    }
+    if (j < kc) std::fill(ds + j, ds + kc, T(0));
+  }
+  // dV += Pᵀ dO and dK += dSᵀ Q, reading P and dS transposed.
+  gemm<T, true>(kc, a.ldv / W, rows, w.p.data(), w.kb, a.dopad + row0 * a.ldv, a.ldv, W,
+                w.dv_rows, a.ldv, true);
+  gemm<T, true>(kc, a.ldq / W, rows, w.dp.data(), w.kb, a.qpad + row0 * a.ldq, a.ldq, W,
+                w.dk_rows, a.ldq, true);
+  // dQ += dS K into the query block's rows under their lock: no per-thread
+  // copy of dQ (nor a share of it, where its rows are whole tiles).
+  const T* kpad = a.kpad + (b * s.m + j0) * a.ldq;
+  T* dq_rows = w.target.rows(a, b) + i0 * s.d;
+  const int64_t slot = b * div_up(s.n, kQueryBlock) + i0 / kQueryBlock;
+  if (w.dq.empty()) {
+    const auto guard = dq_lock(a, slot);
+    gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, kpad, a.ldq, W, dq_rows, s.d, true);
+    return;
+  }
+  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, kpad, a.ldq, W, w.dq.data(), a.ldq, false);
+  const auto guard = dq_lock(a, slot);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dq = dq_rows + r * s.d;
+    const T* share = w.dq.data() + r * a.ldq;
+    for (int64_t c = 0; c < s.d; ++c) dq[c] += share[c];
+  }
+}
+
+// dK and dV of key block [j0, j0 + kc) of batch entry b, and its share of dQ.
+// Each key block starts at a different query block, so that threads working
+// on one batch entry seldom wait for the same lock of dQ.
+template <typename T>
+void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
+                    int64_t kc) {
+  const Dims& s = a.s;
+  pack_transposed(a.k + (b * s.m + j0) * s.d, kc, s.d, w.kp.get());
+  pack_transposed(a.v + (b * s.m + j0) * s.dv, kc, s.dv, w.vtp.get());
+  w.dk_rows = w.dk.empty() ? a.dk + (b * s.m + j0) * s.d : w.dk.data();
+  w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();
+  std::fill_n(w.dk_rows, kc * a.ldq, T(0));
+  std::fill_n(w.dv_rows, kc * a.ldv, T(0));
+  const int64_t blocks = div_up(s.n, kQueryBlock);
+  for (int64_t q = 0; q < blocks; ++q) {
+    const int64_t i0 = (j0 / w.kb + q) % blocks * kQueryBlock;
+    const int64_t rows = std::min(kQueryBlock, s.n - i0);
+    int64_t longest = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
+      longest = std::max(longest, w.len[r]);
+    }
+    if (longest <= j0) continue;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = b * s.n + i0 + r;
+      w.delta[r] = dot(a.dout + i * s.dv, a.out + i * s.dv, s.dv);
+    }
+    backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
+  }
+  for (int64_t j = 0; j < kc; ++j) {
+    if (!w.dk.empty()) {
+      std::memcpy(a.dk + (b * s.m + j0 + j) * s.d, w.dk.data() + j * a.ldq, s.d * sizeof(T));
+    }
+    if (!w.dv.empty()) {
+      std::memcpy(a.dv + (b * s.m + j0 + j) * s.dv, w.dv.data() + j * a.ldv, s.dv * sizeof(T));
+    }
+  }
+}
+
+// Whether the runs of the block path can add every shared batch entry's dQ
+// in run order by scheduling alone, with no share and no lock: each run that
+// continues an entry also holds tasks of other entries, which it runs first,
+// and takes its part of the continued entry last, after the run before it
+// (which runs that entry's tasks first) is done with them. It must not wait
+// long: the earlier run's part must cost no more than the later run's other
+// tasks. Waits point only to earlier runs, whose first tasks wait for
+// nothing, so runs that share a thread (in order) cannot deadlock.
+inline bool ordered_runs(const Continuations& c, const std::vector<int64_t>& bounds,
+                         const std::vector<int64_t>& task_b, const std::vector<int64_t>& costs) {
+  for (int64_t i = 0; i < c.size(); ++i) {
+    const int64_t r = c.run[i], b = c.entry[i];
+    const int64_t t0 = bounds[r], t1 = bounds[r + 1];
+    if (task_b[t1 - 1] == b) return false;  // nothing else to run first
+    int64_t others = 0, earlier = 0;
+    for (int64_t t = t0; t < t1; ++t) others += task_b[t] == b ? 0 : costs[t];
+    for (int64_t t = t0 - 1; t >= bounds[r - 1] && task_b[t] == b; --t) earlier += costs[t];
+    if (earlier > others) return false;
+  }
+  return true;
+}
+
+// Whether the backward runs row by row (backward_rows) for n queries a batch
+// entry whose valid lengths reach `longest`. Measured one thread, d = dv = 64,
+// AVX-512 float, random lengths, forward+backward, rows against blocks: one to
+// three queries 0.29-0.51x (n 1, m 2048: 3.5 against 12.0 ms), four 0.33x at
+// m 64 and 0.99x at m 512; ten 0.82x at m 64 (d2l's (64, 10, 10), d 32:
+// 150 against 221 us) but 1.52x at m 128; six at m 128 1.47x, sixteen at m 64
+// 1.41x.
+inline bool backward_by_rows(int64_t n, int64_t longest) {
+  return n <= 4 || (n <= 12 && longest <= 64);
+}
+
+template <typename T>
+void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                    const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
+                    const at::TensorBase& dk, const at::TensorBase& dv) {
+  const Dims s = dims_of(q, v);
+  const T *qd = q.data_ptr<T>(), *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
+  const T *od = out.data_ptr<T>(), *dod = dout.data_ptr<T>();
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  // Keys at or past a batch entry's longest length get no gradient.
+  std::vector<int64_t> batch_longest(s.B);
+  for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
+  T *dqd = dq.data_ptr<T>(), *dkd = dk.data_ptr<T>(), *dvd = dv.data_ptr<T>();
+  // The zeros of the gradients, in parallel where there are at least kGrain
+  // of them: dq (which the tasks add their shares to) and the rows of dk and
+  // dv past each batch entry's longest length (the tasks write the rows below
+  // it). With a grain of one batch entry, the toy shape (2 entries, 10 keys)
+  // opened a parallel region for a few dozen zeros, and its forward+backward took
+  // 19.1 us on 2 threads against 16.3 us on 1.
+  const int64_t zeros_per_entry = s.n * s.d + s.m * (s.d + s.dv);
+  at::parallel_for(0, s.B, grain_for(zeros_per_entry), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill_n(dqd + b * s.n * s.d, s.n * s.d, T(0));
+      const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
+      std::fill(dkd + from * s.d, dkd + to * s.d, T(0));
+      std::fill(dvd + from * s.dv, dvd + to * s.dv, T(0));
+    }
+  });
+  const int64_t longest =
+      batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
+  // A batch entry of a few queries runs row by row (backward_rows), which reads
+  // every operand in place: no padded copies.
+  const bool rows_path = backward_by_rows(s.n, longest);
+  const Padded<T> qpad(qd, rows_path ? 0 : s.B * s.n, s.d),
+      kpad(kd, rows_path ? 0 : s.B * s.m, s.d), dopad(dod, rows_path ? 0 : s.B * s.n, s.dv);
+  // dQ's sums in a fixed order (Continuations) on the rows path, where a
+  // run's share of an entry is n <= 12 rows, and wherever deterministic
+  // algorithms are asked for (torch::use_deterministic_algorithms): there a
+  // run that starts inside a batch entry holds n × d of its own, which at one
+  // sequence of 8192 queries (d 64, 2 threads) puts the forward+backward's
+  // peak at 4.5 MiB instead of 2.5, above SDPA's 4.1. Otherwise the runs
+  // order the sums by scheduling where they can (ordered_runs: each shared
+  // entry spans two runs, the later of which has other work to do first),
+  // and only where they cannot do key blocks add into dQ under locks, in
+  // the order the threads reach them.
+  const bool deterministic = rows_path || at::globalContext().deterministicAlgorithms();
+  const int64_t kb = key_block_size<T>(longest, 4);
+  // Tasks: the key blocks of each batch entry below its longest length, at a
+  // cost of the rows and keys their query blocks visit.
+  std::vector<int64_t> task_b, task_j0, costs;
+  for (int64_t b = 0; b < s.B; ++b) {
+    std::vector<int64_t> block_longest;
+    for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
+      block_longest.push_back(longest_length(row_lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
+    }
+    for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
+      // The key block's packing, and per visited (row, key) the
+      // multiply-adds of five products (S, dP, dV, dK, dQ), 5/2 of the
+      // forward's two (macs_to_grain). Costed as a forward pair, the book's
+      // (64, 10, 10, d 32) backward came to 1.9 kGrain, stayed on the
+      // calling thread, and its forward+backward took as long on 2 threads
+      // as on 1.
+      int64_t cost = std::min(kb, batch_longest[b] - j0);
+      for (const int64_t block : block_longest) {
+        cost += (rows_path ? s.n : kQueryBlock) * std::clamp<int64_t>(block - j0, 0, kb);
+      }
+      cost = cost * macs_to_grain(s) * 5 / 2;
+      task_b.push_back(b);
+      task_j0.push_back(j0);
+      costs.push_back(cost);
+    }
+  }
+  if (costs.empty()) return;
+  const std::vector<int64_t> bounds = run_bounds(costs);
+  const Continuations continued = continuations(bounds, [&](int64_t t) { return task_b[t]; });
+  // Where every shared entry can be summed in run order by scheduling alone
+  // (ordered_runs), no shares and no locks.
+  const bool ordered = !deterministic && continued.size() > 0 &&
+                       ordered_runs(continued, bounds, task_b, costs);
+  const Continuations shared = deterministic ? continued : Continuations{};
+  std::array<std::mutex, kDqLocks> dq_locks;
+  const BackwardArgs<T> args{s,         qd,        kd,         vd,      od,       dod,
+                             lse.data_ptr<T>(),    qpad.data,  kpad.data, dopad.data,
+                             qpad.ld,   dopad.ld,  row_lens,   T(scale), dqd,     dkd,
+                             dvd,       deterministic || ordered ? nullptr : dq_locks.data()};
+  const int64_t share_size = s.n * s.d;
+  const auto shares = shared.size() > 0 ? uninitialized_buffer<T>(shared.size() * share_size)
+                                         : std::unique_ptr<T[]>();
+  const auto target_of = [&](int64_t r) {
+    DqTarget<T> target;
+    if (const int64_t slot = shared.slot_of(r); slot >= 0) {
+      target.entry = shared.entry[slot];
+      target.share = shares.get() + slot * share_size;
+      std::fill_n(target.share, share_size, T(0));
+    }
+    return target;
+  };
+  // ready[r]: run r - 1 has added its tasks of the entry run r continues.
+  std::vector<std::atomic<bool>> ready(ordered ? bounds.size() : 0);
+  for_each_run(bounds, [&](int64_t r, int64_t t0, int64_t t1) {
+    if (rows_path) {
+      RowsScratch<T> scratch(s);
+      scratch.target = target_of(r);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = task_b[t], j0 = task_j0[t];
+        backward_rows(args, scratch, b, j0, std::min(kb, batch_longest[b] - j0));
+      }
+      return;
+    }
+    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld, kb);
+    scratch.target = target_of(r);
+    const auto run = [&](int64_t first, int64_t last) {
+      for (int64_t t = first; t < last; ++t) {
+        const int64_t b = task_b[t], j0 = task_j0[t];
+        backward_block(args, scratch, b, j0, std::min(kb, batch_longest[b] - j0));
+      }
+    };
+    if (!ordered) return run(t0, t1);
+    // The entry this run continues (its head) goes last, once the run that
+    // holds the entry's first tasks has added them; the entry the next run
+    // continues (its tail) goes first, and says so when done.
+    int64_t head_end = t0, tail_begin = t1;
+    if (continued.slot_of(r) >= 0) {
+      while (task_b[head_end] == task_b[t0]) ++head_end;
+    }
+    if (continued.slot_of(r + 1) >= 0) {
+      while (tail_begin > head_end && task_b[tail_begin - 1] == task_b[t1 - 1]) --tail_begin;
+    }
+    run(tail_begin, t1);
+    if (tail_begin < t1) ready[r + 1].store(true, std::memory_order_release);
+    run(head_end, tail_begin);
+    if (t0 < head_end) {
+      while (!ready[r].load(std::memory_order_acquire)) std::this_thread::yield();
+      run(t0, head_end);
+    }
+  });
+  add_shares(shared, shares.get(), share_size, [&](int64_t b) { return dqd + b * share_size; });
+}
+
+}  // namespace
+
+void dot_product_attention_backward(const at::TensorBase& q, const at::TensorBase& k,
+                                    const at::TensorBase& v, const at::TensorBase& lens,
+                                    double scale, const at::TensorBase& out,
+                                    const at::TensorBase& dout, const at::TensorBase& lse,
+                                    const at::TensorBase& dq, const at::TensorBase& dk,
+                                    const at::TensorBase& dv) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_backward", [&] {
+    backward_typed<scalar_t>(q, k, v, lens, scale, out, dout, lse, dq, dk, dv);
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu

@@ -1,0 +1,257 @@
+// The flash dot-product attention's forward pass on the CPU: blocks of
+// queries against blocks of keys with an online softmax, and the attention
+// weights where they are asked for; blocks of a few queries row by row
+// (flash_rows-inl.h). Note [Flash attention] in
+// dot_product_attention_kernel.cpp. Compiled once per instruction set (Note
+// [CPU kernels per instruction set]).
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "cpu/dot_product_attention_kernel_parts.h"
+#include "cpu/flash_blocks-inl.h"
+#include "cpu/flash_rows-inl.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+// One thread's state for a block of W = kTileCols query rows, held
+// transposed: a query is a column, so the softmax's bookkeeping (maxima,
+// sums, corrections) runs on whole vectors of queries.
+template <typename T>
+struct ForwardScratch {
+  static constexpr int64_t W = kTileCols<T>;
+  std::unique_ptr<T[]> qt;  // Qᵀ of the block (d × W), zero past its rows
+  std::unique_ptr<T[]> st;  // Sᵀ, then Pᵀ, of one key block (kb × W)
+  std::unique_ptr<T[]> ot;  // Oᵀ accumulated (dv × W)
+  alignas(64) T limit[W];   // per query: its length, then its valid keys in the key block
+  alignas(64) T row_max[W], row_sum[W];
+  std::vector<int64_t> len;
+  std::vector<T> block_max;  // with weights: each key block's maximum, per query
+
+  ForwardScratch(const Dims& s, int64_t kb, int64_t key_blocks)
+      : qt(uninitialized_buffer<T>(s.d * W)),
+        st(uninitialized_buffer<T>(kb * W)),
+        ot(uninitialized_buffer<T>(s.dv * W)),
+        len(W),
+        block_max(W * key_blocks) {}
+};
+
+// Sᵀ = K Qᵀ for keys [j0, j0 + kc), their exponentials Pᵀ relative to the
+// running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled
+// where a maximum grew. Entries of keys past a query's length are -inf before
+// the maximum and exactly 0 after the exponential, whatever the padding held.
+template <typename T>
+void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t j0,
+                      int64_t kc, bool all_valid) {
+  using V = Vectorized<T>;
+  constexpr int64_t S = V::size(), W = ForwardScratch<T>::W;
+  static_assert(W == 2 * S, "a block of queries is two vectors");
+  const Dims& s = a.s;
+  T* st = w.st.get();
+  gemm<T>(kc, 1, s.d, a.k + (b * s.m + j0) * s.d, s.d, w.qt.get(), W, 0, st, W, false);
+  const V minus_inf(-std::numeric_limits<T>::infinity()), vscale(a.scale);
+  V max0 = minus_inf, max1 = minus_inf;
+  if (all_valid) {
+    for (int64_t j = 0; j < kc; ++j) {
+      max0 = at::vec::maximum(max0, V::loadu(st + j * W));
+      max1 = at::vec::maximum(max1, V::loadu(st + j * W + S));
+    }
+  } else {
+    // Keys valid for each query in this block: clamp(len - j0, 0, kc), exact in T.
+    const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
+    for (int64_t j = 0; j < kc; ++j) {
+      const V key(static_cast<T>(j));
+      const V x0 = V::blendv(minus_inf, V::loadu(st + j * W), key < lim0);
+      const V x1 = V::blendv(minus_inf, V::loadu(st + j * W + S), key < lim1);
+      x0.store(st + j * W);
+      x1.store(st + j * W + S);
+      max0 = at::vec::maximum(max0, x0);
+      max1 = at::vec::maximum(max1, x1);
+    }
+  }
+  const V old0 = V::loadu(w.row_max), old1 = V::loadu(w.row_max + S);
+  const V new0 = at::vec::maximum(old0, max0 * vscale);
+  const V new1 = at::vec::maximum(old1, max1 * vscale);
+  // A query with no valid key so far keeps -inf and shifts by 0 (its
+  // entries are -inf, so their exponentials are 0); an unchanged maximum
+  // (-inf included) corrects by exactly 1.
+  const V zero(T(0)), one(T(1));
+  const V shift0 = V::blendv(new0, zero, new0 == minus_inf);
+  const V shift1 = V::blendv(new1, zero, new1 == minus_inf);
+  const V corr0 = V::blendv(softmax_exp(old0 - shift0), one, old0 == new0);
+  const V corr1 = V::blendv(softmax_exp(old1 - shift1), one, old1 == new1);
+  V sum0 = zero, sum1 = zero;
+  for (int64_t j = 0; j < kc; ++j) {
+    const V p0 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W), vscale, zero - shift0));
+    const V p1 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W + S), vscale, zero - shift1));
+    p0.store(st + j * W);
+    p1.store(st + j * W + S);
+    sum0 = sum0 + p0;
+    sum1 = sum1 + p1;
+  }
+  at::vec::fmadd(V::loadu(w.row_sum), corr0, sum0).store(w.row_sum);
+  at::vec::fmadd(V::loadu(w.row_sum + S), corr1, sum1).store(w.row_sum + S);
+  new0.store(w.row_max);
+  new1.store(w.row_max + S);
+  T* ot = w.ot.get();
+  for (int64_t c = 0; c < s.dv; ++c) {
+    (V::loadu(ot + c * W) * corr0).store(ot + c * W);
+    (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
+  }
+  // Oᵀ += Vᵀ Pᵀ: V's rows read transposed, Pᵀ one tile of queries wide.
+  gemm<T, true>(s.dv, 1, kc, a.v + (b * s.m + j0) * s.dv, s.dv, st, W, 0, ot, W, true);
+}
+
+// With weights, a key block's exponentials go out as they are made, relative
+// to the query's maximum at the time; once its final maximum and sum are
+// known, each block is rescaled by exp(block max - max) / sum, and the keys
+// past its length are zeroed. The weights are the only (B, n, m) memory.
+template <typename T>
+void write_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t kc) {
+  constexpr int64_t W = ForwardScratch<T>::W;
+  const Dims& s = a.s;
+  const T* st = w.st.get();
+  for (int64_t c = 0; c < rows; ++c) {
+    T* weights = a.weights + (b * s.n + i0 + c) * s.m + j0;
+    for (int64_t j = 0; j < kc; ++j) weights[j] = st[j * W + c];
+  }
+}
+
+template <typename T>
+void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
+                    int64_t rows) {
+  const Dims& s = a.s;
+  const int64_t key_blocks = div_up(s.m, a.kb);
+  for (int64_t c = 0; c < rows; ++c) {
+    T* weights = a.weights + (b * s.n + i0 + c) * s.m;
+    const int64_t len = w.len[c];
+    for (int64_t j0 = 0; j0 < len; j0 += a.kb) {
+      const T factor =
+          std::exp(w.block_max[c * key_blocks + j0 / a.kb] - w.row_max[c]) / w.row_sum[c];
+      scale_row(weights + j0, std::min(a.kb, len - j0), factor);
+    }
+    std::fill(weights + len, weights + s.m, T(0));
+  }
+}
+
+// Query rows [i0, i0 + rows) of batch entry b, rows <= W.
+template <typename T>
+void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
+                   int64_t rows) {
+  constexpr int64_t W = ForwardScratch<T>::W;
+  const Dims& s = a.s;
+  int64_t longest = 0, shortest = s.m;
+  for (int64_t c = 0; c < W; ++c) {
+    w.len[c] = c < rows ? a.lens.at(b * s.n + i0 + c, s.m) : 0;
+    longest = std::max(longest, w.len[c]);
+    if (c < rows) shortest = std::min(shortest, w.len[c]);
+  }
+  pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
+  std::fill_n(w.ot.get(), s.dv * W, T(0));
+  std::fill_n(w.row_max, W, -std::numeric_limits<T>::infinity());
+  std::fill_n(w.row_sum, W, T(0));
+  const int64_t key_blocks = div_up(s.m, a.kb);
+  for (int64_t j0 = 0; j0 < longest; j0 += a.kb) {
+    const int64_t kc = std::min(a.kb, longest - j0);
+    // Every query of the block sees every key of this one (rows past the
+    // block's end have length 0, so a partial block always masks).
+    const bool all_valid = rows == W && shortest - j0 >= kc;
+    for (int64_t c = 0; c < W; ++c) {
+      w.limit[c] = static_cast<T>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
+    }
+    attend_key_block(a, w, b, j0, kc, all_valid);
+    if (a.weights != nullptr) {
+      write_weights(a, w, b, i0, rows, j0, kc);
+      for (int64_t c = 0; c < rows; ++c) {
+        w.block_max[c * key_blocks + j0 / a.kb] = w.row_max[c];
+      }
+    }
+  }
+  const T* ot = w.ot.get();
+  for (int64_t c = 0; c < rows; ++c) {
+    T* out = a.out + (b * s.n + i0 + c) * s.dv;
+    const bool empty = w.len[c] == 0;
+    const T inv = empty ? T(0) : T(1) / w.row_sum[c];
+    for (int64_t f = 0; f < s.dv; ++f) out[f] = ot[f * W + c] * inv;
+    a.lse[b * s.n + i0 + c] =
+        empty ? -std::numeric_limits<T>::infinity() : w.row_max[c] + std::log(w.row_sum[c]);
+  }
+  if (a.weights != nullptr) finish_weights(a, w, b, i0, rows);
+}
+
+template <typename T>
+void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                   const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                   const at::TensorBase& lse, const at::TensorBase& weights) {
+  constexpr int64_t W = ForwardScratch<T>::W;
+  const Dims s = dims_of(q, v);
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  const int64_t blocks = div_up(s.n, W);
+  std::vector<int64_t> costs(s.B * blocks);
+  int64_t longest_any = 0;
+  for (int64_t t = 0; t < s.B * blocks; ++t) {
+    const int64_t b = t / blocks, i0 = t % blocks * W;
+    const int64_t rows = std::min(W, s.n - i0);
+    const int64_t longest = longest_length(row_lens, s, b, i0, rows);
+    longest_any = std::max(longest_any, longest);
+    // Each visited key costs a row d + dv multiply-adds, and the block's
+    // packing and output W rows (macs_to_grain).
+    costs[t] = (rows * longest + (by_rows<T>(rows) ? rows : W)) * macs_to_grain(s);
+  }
+  const ForwardArgs<T> args{s,
+                            q.data_ptr<T>(),
+                            k.data_ptr<T>(),
+                            v.data_ptr<T>(),
+                            row_lens,
+                            T(scale),
+                            out.data_ptr<T>(),
+                            lse.data_ptr<T>(),
+                            weights.defined() ? weights.data_ptr<T>() : nullptr,
+                            key_block_size<T>(longest_any, 2)};
+  const int64_t splits = key_splits<T>(s, s.B * blocks, longest_any, args.weights != nullptr);
+  if (splits > 1) return forward_split(args, splits);
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    std::optional<ForwardScratch<T>> scratch;
+    std::optional<RowScratch<T>> row_scratch;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / blocks, i0 = t % blocks * W;
+      const int64_t rows = std::min(W, s.n - i0);
+      if (by_rows<T>(rows)) {
+        if (!row_scratch) row_scratch.emplace(s, args.weights != nullptr);
+        for (int64_t i = i0; i < i0 + rows; ++i) forward_row(args, *row_scratch, b, i);
+      } else {
+        if (!scratch) {
+          scratch.emplace(s, args.kb, args.weights != nullptr ? div_up(s.m, args.kb) : 0);
+        }
+        forward_block(args, *scratch, b, i0, rows);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void dot_product_attention_forward(const at::TensorBase& q, const at::TensorBase& k,
+                                   const at::TensorBase& v, const at::TensorBase& lens,
+                                   double scale, const at::TensorBase& out,
+                                   const at::TensorBase& lse, const at::TensorBase& weights) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_forward", [&] {
+    forward_typed<scalar_t>(q, k, v, lens, scale, out, lse, weights);
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu
