@@ -44,7 +44,7 @@ struct AdditiveAttentionKernels {
                           const at::TensorBase& dk, const at::TensorBase& dw,
                           const at::TensorBase& dv, const at::TensorBase& lens);
   /// y = tanh(x), elementwise: the function additive attention spends its time
-  /// in (a rational approximation for float, see additive_attention_kernel.cpp).
+  /// in (a rational approximation for float, see additive_blocks-inl.h).
   void (*tanh)(const at::TensorBase& x, const at::TensorBase& y);
 };
 
