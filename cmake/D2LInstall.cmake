@@ -3,9 +3,9 @@ include(CMakePackageConfigHelpers)
 
 set(D2L_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/d2l_attention")
 
-# d2l::viz goes into the same export set, so that the package provides it
-# whenever it was built.
-set(D2L_INSTALL_TARGETS d2l_attention)
+# d2l::train, d2l::viz and d2l::distributed go into the same export set, so
+# that the package provides each whenever it was built.
+set(D2L_INSTALL_TARGETS d2l_attention d2l_train)
 set(D2L_HEADER_EXCLUDES "")
 if(TARGET d2l_distributed)
   list(APPEND D2L_INSTALL_TARGETS d2l_distributed)
@@ -17,8 +17,7 @@ if(TARGET d2l_viz)
 else()
   # No headers without their library.
   list(APPEND D2L_HEADER_EXCLUDES PATTERN viz EXCLUDE PATTERN viz.h EXCLUDE
-                          PATTERN heatmap.h EXCLUDE PATTERN plot.h EXCLUDE
-                          PATTERN train.h EXCLUDE)
+                          PATTERN heatmap.h EXCLUDE PATTERN plot.h EXCLUDE)
 endif()
 install(TARGETS ${D2L_INSTALL_TARGETS} EXPORT d2l_attentionTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

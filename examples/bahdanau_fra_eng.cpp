@@ -3,7 +3,8 @@
 // 0.1, batch 64, 10 steps, Adam at 0.005, 250 epochs, the first 600 examples.
 //
 //   bahdanau_fra_eng [--data PATH] [--out DIR] [--epochs N] [--threads N] [--device cpu|cuda]
-//                    [--batch-size N] [--num-hiddens N] [--save FILE] [--spawn N | --world-size N --rank R
+//                    [--batch-size N] [--num-hiddens N] [--save FILE] [--spawn N | --world-size N
+//                    --rank R
 //                    (--master ADDR:PORT | --file-store PATH)] [--dist-timeout SECONDS]
 //
 // PATH is d2l's fra-eng.zip, its fra.txt or a directory holding either
@@ -30,8 +31,8 @@
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -99,7 +100,9 @@ Args parse(int argc, char** argv) {
                  "ATen's threads (OpenBLAS's: 1); default: the cores shared among the local "
                  "processes")
       ->check(examples::kCount);
-  app.add_option("--device", device, "cpu or cuda")->check(examples::kDevice)->capture_default_str();
+  app.add_option("--device", device, "cpu or cuda")
+      ->check(examples::kDevice)
+      ->capture_default_str();
   app.add_option("--batch-size", args.batch_size, "examples a batch")
       ->check(examples::kCount)
       ->capture_default_str();
@@ -182,17 +185,17 @@ int run(const Args& args) {
           .dropout(kDropout));
   d2l::EncoderDecoder net(encoder, decoder);
   const auto loss_svg = (args.out / "loss.svg").string();
-  const auto train_options = d2l::TrainSeq2SeqOptions().svg_path(loss_svg);
+  const auto train_options = d2l::TrainSeq2SeqOptions().on_epoch(d2l::save_loss_curve(loss_svg));
   d2l::TrainSeq2SeqResult trained;
 #ifdef D2L_HAVE_DISTRIBUTED
   if (group) {
-    trained = d2l::distributed::train_seq2seq(*net, data.data_iter, kLr, args.epochs,
-                                              data.tgt_vocab, args.device, group, train_options);
+    trained = d2l::distributed::train_seq2seq(net, data.data_iter, kLr, args.epochs, data.tgt_vocab,
+                                              args.device, group, train_options);
   } else
 #endif
   {
-    trained = d2l::train_seq2seq(*net, data.data_iter, kLr, args.epochs, data.tgt_vocab,
-                                 args.device, train_options);
+    trained = d2l::train_seq2seq(net, data.data_iter, kLr, args.epochs, data.tgt_vocab, args.device,
+                                 train_options);
   }
   if (!leader) return 0;
   // Every epoch sees every example once: the median epoch's rate.
@@ -216,8 +219,8 @@ int run(const Args& args) {
                                       "je suis chez moi ."};
   std::vector<torch::Tensor> dec_attention_weight_seq;
   for (size_t i = 0; i < engs.size(); ++i) {
-    auto [translation, weights] = d2l::predict_seq2seq(
-        *net, engs[i], data.src_vocab, data.tgt_vocab, kNumSteps, args.device, true);
+    auto [translation, weights] = d2l::predict_seq2seq(net, engs[i], data.src_vocab, data.tgt_vocab,
+                                                       kNumSteps, args.device, true);
     fmt::print("{} => {}, bleu {:.3f}\n", engs[i], translation, d2l::bleu(translation, fras[i], 2));
     dec_attention_weight_seq = std::move(weights);
   }

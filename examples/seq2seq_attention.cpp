@@ -25,9 +25,9 @@
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -77,7 +77,9 @@ Args parse(int argc, char** argv) {
   app.add_option("--threads", args.threads, "ATen's threads (OpenBLAS's: 1)")
       ->check(examples::kCount)
       ->capture_default_str();
-  app.add_option("--device", device, "cpu or cuda")->check(examples::kDevice)->capture_default_str();
+  app.add_option("--device", device, "cpu or cuda")
+      ->check(examples::kDevice)
+      ->capture_default_str();
   app.add_option("--save", args.save, "write the trained attention model here");
   app.add_option("--translate", translate,
                  "translate SENTENCE (space-separated letters) with the model saved at PATH")
@@ -164,7 +166,7 @@ Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const La
   // A fresh copy of the loader: both models see the same batches.
   auto loader = train;
   result.losses =
-      d2l::train_seq2seq(*model, loader, kLearningRate, args.epochs, lang.target_vocab, args.device)
+      d2l::train_seq2seq(model, loader, kLearningRate, args.epochs, lang.target_vocab, args.device)
           .losses;
   const auto trained = std::chrono::steady_clock::now();
   result.train_seconds = std::chrono::duration<double>(trained - start).count();
@@ -172,7 +174,7 @@ Result train_and_evaluate(const char* name, d2l::EncoderDecoder& model, const La
   double total = 0;
   for (size_t i = 0; i < held_out_sources.size(); ++i) {
     const auto source = fmt::format("{}", fmt::join(held_out_sources[i], " "));
-    const auto translation = d2l::predict_seq2seq(*model, source, lang.source_vocab,
+    const auto translation = d2l::predict_seq2seq(model, source, lang.source_vocab,
                                                   lang.target_vocab, kNumSteps, args.device)
                                  .first;
     const double score =
@@ -203,7 +205,7 @@ d2l::Series loss_series(const Result& result, const std::string& label) {
 
 void draw_alignment(d2l::EncoderDecoder& model, const Language& lang, const Sentence& source,
                     const Args& args) {
-  const auto prediction = d2l::predict_seq2seq(*model, fmt::format("{}", fmt::join(source, " ")),
+  const auto prediction = d2l::predict_seq2seq(model, fmt::format("{}", fmt::join(source, " ")),
                                                lang.source_vocab, lang.target_vocab, kNumSteps,
                                                args.device, /*save_attention_weights=*/true);
   // One row per predicted token (and the <eos> step), one column per source
@@ -227,7 +229,7 @@ int translate(const Args& args) {
       fmt::print(stderr, "note: \"{}\" is not a source word (a..x); it reads as <unk>\n", word);
     }
   }
-  fmt::print("{}\n", d2l::predict_seq2seq(*model, args.translate_sentence, lang.source_vocab,
+  fmt::print("{}\n", d2l::predict_seq2seq(model, args.translate_sentence, lang.source_vocab,
                                           lang.target_vocab, kNumSteps, args.device)
                          .first);
   return 0;

@@ -62,8 +62,8 @@ void train_worker(const dist::LaunchOptions& launch, const std::filesystem::path
   // A different initialisation on every rank: rank 0's must win.
   auto net = make_model(data, 100 + launch.rank(), dtype_named(env_or("D2L_TEST_DTYPE", "")));
   const auto result =
-      dist::train_seq2seq(*net, data.data_iter, 0.005, kEpochs, data.tgt_vocab, torch::kCPU, group,
-                          d2l::TrainSeq2SeqOptions().progress(false), /*bucket_cap_bytes=*/4096);
+      dist::train_seq2seq(net, data.data_iter, 0.005, kEpochs, data.tgt_vocab, torch::kCPU, group,
+                          d2l::TrainSeq2SeqOptions().on_step(nullptr), /*bucket_cap_bytes=*/4096);
   std::vector<torch::Tensor> saved{torch::tensor(result.step_losses, torch::kDouble)};
   for (const auto& p : net->parameters()) saved.push_back(p.detach().clone());
   torch::save(saved, (out / fmt::format("rank-{}.pt", launch.rank())).string());
@@ -101,8 +101,8 @@ void all_reduce_worker(const dist::LaunchOptions& launch, const std::filesystem:
   auto values = torch::full({3}, static_cast<double>(launch.rank() + 1), torch::kDouble);
   dist::all_reduce_sum(group, values, "the test's sum");
   std::ofstream(out / fmt::format("sum-{}.txt", launch.rank()))
-      << values[0].item<double>() << " " << values[2].item<double>() << " "
-      << launch.world_size() << " " << launch.tcp_store() << " " << launch.agent_store();
+      << values[0].item<double>() << " " << values[2].item<double>() << " " << launch.world_size()
+      << " " << launch.tcp_store() << " " << launch.agent_store();
 }
 
 TEST(DistributedWorker, Run) {
@@ -142,7 +142,7 @@ void expect_matches_one_process(const std::string& dtype_name, double rtol) {
   auto data = d2l::load_data_nmt(kFraEngSample, kBatch, kSteps, kExamples);
   auto net = make_model(data, 100, dtype_named(dtype_name));
   const auto single = d2l::train_seq2seq(*net, data.data_iter, 0.005, kEpochs, data.tgt_vocab,
-                                         torch::kCPU, d2l::TrainSeq2SeqOptions().progress(false));
+                                         torch::kCPU, d2l::TrainSeq2SeqOptions().on_step(nullptr));
   std::vector<torch::Tensor> rank0, rank1;
   torch::load(rank0, (run.dir / "rank-0.pt").string());
   torch::load(rank1, (run.dir / "rank-1.pt").string());

@@ -46,12 +46,12 @@ TEST(DistributedGroup, CudaTensorsTrainThroughAGroupOfOne) {
   auto grouped = make_model(data, 100, torch::kFloat);
   const auto through_group = dist::train_seq2seq(
       *grouped, data.data_iter, 0.005, kEpochs, data.tgt_vocab, torch::kCUDA, group,
-      d2l::TrainSeq2SeqOptions().progress(false), /*bucket_cap_bytes=*/4096);
+      d2l::TrainSeq2SeqOptions().on_step(nullptr), /*bucket_cap_bytes=*/4096);
   auto data_again = d2l::load_data_nmt(kFraEngSample, kBatch, kSteps, kExamples);
   auto alone = make_model(data_again, 100, torch::kFloat);
   const auto single =
       d2l::train_seq2seq(*alone, data_again.data_iter, 0.005, kEpochs, data_again.tgt_vocab,
-                         torch::kCUDA, d2l::TrainSeq2SeqOptions().progress(false));
+                         torch::kCUDA, d2l::TrainSeq2SeqOptions().on_step(nullptr));
   ASSERT_EQ(through_group.step_losses.size(), single.step_losses.size());
   for (size_t i = 0; i < single.step_losses.size(); ++i) {
     EXPECT_NEAR(through_group.step_losses[i], single.step_losses[i],

@@ -1,5 +1,6 @@
 // train_seq2seq against the book's own loop on fixed data (golden values from
-// tests/fixtures/train_seq2seq_case.py), its timing fields and progress bar,
+// tests/fixtures/train_seq2seq_case.py), its timing fields, callbacks and
+// progress bar,
 // and predict_seq2seq's decoding loop on models whose weights spell out a
 // known token sequence.
 
@@ -54,7 +55,7 @@ GoldenTrainRun train_like_the_fixture(const d2l::testing::Fixture& f,
                              {"<pad>", "<bos>", "<eos>"});
   EXPECT_EQ(tgt_vocab["<bos>"], size("bos"));
   torch::manual_seed(static_cast<uint64_t>(size("seed")));
-  run.result = d2l::train_seq2seq(*run.model, loader, f.scalar("lr"), size("num_epochs"), tgt_vocab,
+  run.result = d2l::train_seq2seq(run.model, loader, f.scalar("lr"), size("num_epochs"), tgt_vocab,
                                   torch::kCPU, options);
   return run;
 }
@@ -94,7 +95,7 @@ void expect_the_books_loop(const std::string& name) {
     const auto why = stream_differs(f, probe);
     if (!why.empty()) GTEST_SKIP() << why;
   }
-  const auto run = train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().progress(false));
+  const auto run = train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().on_step(nullptr));
   const auto expected_steps = as_double_vector(f.tensor("step_losses"));
   const auto expected_epochs = as_double_vector(f.tensor("losses"));
   ASSERT_EQ(run.result.step_losses.size(), expected_steps.size());
@@ -130,7 +131,7 @@ TEST(TrainSeq2SeqGolden, TwoEpochsWithoutDropoutMatchTheBooksLoop) {
 // tokens over its seconds.
 TEST(TrainSeq2SeqGolden, EpochSecondsAndRatesDescribeEveryEpoch) {
   const auto f = d2l::testing::load_fixture("train_seq2seq_float64");
-  const auto run = train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().progress(false));
+  const auto run = train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().on_step(nullptr));
   const auto& r = run.result;
   ASSERT_EQ(r.epoch_seconds.size(), static_cast<size_t>(f.scalar("num_epochs")));
   for (double s : r.epoch_seconds) EXPECT_GT(s, 0);
@@ -162,19 +163,72 @@ std::string stdout_on_a_terminal(Fn&& fn) {
   return text;
 }
 
-// progress(true) draws the bar on a terminal, and progress(false) does not.
+// The default on_step draws the bar on a terminal, ending it with a newline
+// before the book's line, and on_step(nullptr) draws nothing.
 TEST(TrainSeq2SeqGolden, ProgressBarOnATerminalOnly) {
   const auto f = d2l::testing::load_fixture("train_seq2seq_float64");
   std::string with_bar, without_bar;
-  with_bar = stdout_on_a_terminal(
-      [&] { train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().progress(true)); });
+  with_bar = stdout_on_a_terminal([&] { train_like_the_fixture(f, d2l::TrainSeq2SeqOptions()); });
   if (with_bar == "no pty") GTEST_SKIP() << "no pseudo-terminal to show the progress bar on";
   without_bar = stdout_on_a_terminal(
-      [&] { train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().progress(false)); });
+      [&] { train_like_the_fixture(f, d2l::TrainSeq2SeqOptions().on_step(nullptr)); });
   EXPECT_THAT(with_bar, HasSubstr("\repoch    2/2 [########################] loss "));
+  EXPECT_THAT(with_bar, ::testing::ContainsRegex("loss [0-9.]+ \r?\nloss [0-9.]+, "));
   EXPECT_THAT(with_bar, HasSubstr("tokens/sec on cpu"));
   EXPECT_THAT(without_bar, ::testing::Not(HasSubstr("epoch ")));
   EXPECT_THAT(without_bar, HasSubstr("tokens/sec on cpu"));
+}
+
+// on_step sees every step and on_epoch every epoch, with the numbers the
+// result holds.
+TEST(TrainSeq2SeqCallbacks, SeeEveryStepAndEpochAsTheResultHoldsThem) {
+  const auto f = d2l::testing::load_fixture("train_seq2seq_float64");
+  std::vector<d2l::StepStats> steps;
+  std::vector<d2l::EpochStats> epochs;
+  const auto run = train_like_the_fixture(
+      f, d2l::TrainSeq2SeqOptions()
+             .on_step([&](const d2l::StepStats& s) { steps.push_back(s); })
+             .on_epoch([&](const d2l::EpochStats& e) { epochs.push_back(e); }));
+  const auto& r = run.result;
+  ASSERT_EQ(steps.size(), r.step_losses.size());
+  ASSERT_EQ(epochs.size(), r.losses.size());
+  const auto num_batches = static_cast<int64_t>(steps.size() / epochs.size());
+  ASSERT_EQ(num_batches, 2);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    EXPECT_EQ(s.epoch, static_cast<int64_t>(i) / num_batches + 1) << "step " << i;
+    EXPECT_EQ(s.batch, static_cast<int64_t>(i) % num_batches + 1) << "step " << i;
+    EXPECT_EQ(s.num_epochs, 2);
+    EXPECT_EQ(s.num_batches, num_batches);
+    EXPECT_EQ(s.loss, r.step_losses[i]) << "step " << i;
+    EXPECT_GE(s.seconds, 0);
+    if (s.batch > 1) EXPECT_GE(s.seconds, steps[i - 1].seconds);
+    // The epoch's running loss ends at the epoch's loss.
+    if (s.batch == num_batches) EXPECT_DOUBLE_EQ(s.epoch_loss, r.losses[s.epoch - 1]);
+  }
+  EXPECT_EQ(steps.front().epoch_loss, steps.front().loss);
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    EXPECT_EQ(epochs[e].epoch, static_cast<int64_t>(e) + 1);
+    EXPECT_EQ(epochs[e].num_epochs, 2);
+    EXPECT_EQ(epochs[e].loss, r.losses[e]);
+    EXPECT_EQ(epochs[e].seconds, r.epoch_seconds[e]);
+  }
+  EXPECT_EQ(epochs.back().tokens_per_sec, r.tokens_per_sec);
+  EXPECT_EQ(epochs.back().examples_per_sec, r.examples_per_sec);
+}
+
+// An exception from a callback ends the run where it was thrown.
+TEST(TrainSeq2SeqCallbacks, AnExceptionFromACallbackEndsTheRun) {
+  const auto f = d2l::testing::load_fixture("train_seq2seq_float64");
+  int64_t steps_seen = 0;
+  const auto options = d2l::TrainSeq2SeqOptions()
+                           .on_step([&](const d2l::StepStats&) { ++steps_seen; })
+                           .on_epoch([](const d2l::EpochStats& e) {
+                             TORCH_CHECK(e.epoch != 1, "stop after epoch 1");
+                           });
+  EXPECT_THAT(d2l::testing::error_message([&] { train_like_the_fixture(f, options); }),
+              HasSubstr("stop after epoch 1"));
+  EXPECT_EQ(steps_seen, 2);
 }
 
 // ---------------------------------------------------------------------------

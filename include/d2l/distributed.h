@@ -1,7 +1,8 @@
 #pragma once
 
-// d2l::distributed (link d2l::distributed; built with D2L_BUILD_DISTRIBUTED,
-// on by default where the Gloo headers are found): data-parallel training of
+// d2l::distributed (link d2l::distributed, which brings d2l::train; built
+// with D2L_BUILD_DISTRIBUTED, on by default where the Gloo headers are
+// found): data-parallel training of
 // the library's models on LibTorch's own distributed engine, c10d.
 //
 //   * `init_process_group`: a c10d Gloo group (NCCL for CUDA where the build
@@ -12,7 +13,7 @@
 //     an autograd hook as soon as its last gradient is computed, so that
 //     communication overlaps the rest of the backward pass;
 //   * `train_seq2seq`: the book's training loop, each rank on its share of
-//     every batch, only rank 0 printing and plotting;
+//     every batch, only rank 0 printing and calling the callbacks;
 //   * `LaunchOptions`, `spawn_local`: the launcher (command-line flags or
 //     torchrun's environment variables; N local processes on loopback).
 //
@@ -190,8 +191,14 @@ class GradientReducer {
 /// the summed loss are summed by a GradientReducer before clipping, so that
 /// every step is the single-process step on the whole batch. Loss and token
 /// counts are summed across ranks: every rank returns the same result. Only
-/// rank 0 prints, shows progress and writes `options.svg_path()`.
+/// rank 0 prints and calls `options`' callbacks (progress, the loss curve).
+/// The loop is d2l::train_seq2seq's, run through a TrainSeq2SeqSync.
 TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
+                                 int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
+                                 const GroupPtr& group, const TrainSeq2SeqOptions& options = {},
+                                 int64_t bucket_cap_bytes = 1 << 20);
+/// The same on the module holder.
+TrainSeq2SeqResult train_seq2seq(const EncoderDecoder& net, ArrayLoader& data_iter, double lr,
                                  int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
                                  const GroupPtr& group, const TrainSeq2SeqOptions& options = {},
                                  int64_t bucket_cap_bytes = 1 << 20);

@@ -1,19 +1,23 @@
 #pragma once
 
-// Part of d2l::viz (link d2l::viz: `train_seq2seq` draws the book's animator
-// curve): the training side of d2l's sequence-to-sequence sections
-// (d2l.torch 0.17): `MaskedSoftmaxCELoss`, `grad_clipping`, `train_seq2seq`,
-// `predict_seq2seq` and `bleu`. Deliberate differences from the book are
-// listed with each function and in README ("Machine translation: the book's
-// training API").
+// d2l::train (link d2l::train; it brings d2l::attention and nothing else): the
+// training side of d2l's sequence-to-sequence sections (d2l.torch 0.17):
+// `MaskedSoftmaxCELoss`, `grad_clipping`, `train_seq2seq`, `predict_seq2seq`
+// and `bleu`. Progress and the loss curve are callbacks
+// (`TrainSeq2SeqOptions::on_step`, `on_epoch`); d2l::viz's `save_loss_curve`
+// draws the book's animator curve. Deliberate differences from the book are
+// listed with each function and in docs/api.md ("Where we differ from the
+// book").
 
 #include <d2l/encoder_decoder.h>
 #include <d2l/nmt_data.h>
+#include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,16 +40,59 @@ TORCH_MODULE(MaskedSoftmaxCELoss);
 /// The book's `grad_clipping(net, theta)`: when the global L2 norm of the
 /// gradients of `net`'s trainable parameters exceeds `theta`, every gradient
 /// is scaled by theta / norm. Parameters without a gradient are left out
-/// (the book would fail on them).
+/// (the book would fail on them). Not LibTorch's
+/// `torch::nn::utils::clip_grad_norm_`, which scales by
+/// max_norm / (norm + 1e-6) whenever that is below 1: on the golden training
+/// fixture its steps differ from the book's by 4e-9 (loss) and 1e-8
+/// (parameters) after four steps, where the book's own loop is reproduced to
+/// 1e-10. The norm is accumulated in float64.
 void grad_clipping(torch::nn::Module& net, double theta);
 
-/// What `train_seq2seq` shows and writes besides the book's printed line.
+/// One optimisation step of `train_seq2seq`, as `TrainSeq2SeqOptions::on_step`
+/// sees it.
+struct StepStats {
+  /// 1-based epoch, of `num_epochs`.
+  int64_t epoch = 0, num_epochs = 0;
+  /// 1-based batch within the epoch, of `num_batches`.
+  int64_t batch = 0, num_batches = 0;
+  /// Loss per token of this step (all ranks' shares together).
+  double loss = 0;
+  /// Loss per token of the epoch so far.
+  double epoch_loss = 0;
+  /// Wall-clock seconds since the epoch started.
+  double seconds = 0;
+};
+
+/// One finished epoch of `train_seq2seq`, as `TrainSeq2SeqOptions::on_epoch`
+/// sees it.
+struct EpochStats {
+  /// 1-based epoch, of `num_epochs`.
+  int64_t epoch = 0, num_epochs = 0;
+  /// Loss per token of the epoch.
+  double loss = 0;
+  /// Tokens and sentence pairs per second, and the epoch's wall-clock seconds.
+  double tokens_per_sec = 0, examples_per_sec = 0, seconds = 0;
+};
+
+using StepCallback = std::function<void(const StepStats&)>;
+using EpochCallback = std::function<void(const EpochStats&)>;
+
+/// The default `on_step`: a one-line progress bar on stdout
+/// ("\repoch    2/10 [#####-------------------] loss 0.1234 "), redrawn at
+/// most every 250 ms and at the end of every epoch, ended by a newline after
+/// the last step; nothing when stdout is not a terminal (checked when a run
+/// starts).
+StepCallback terminal_progress();
+
+/// What `train_seq2seq` shows besides the book's printed line. The callbacks
+/// run on the calling thread, between steps; in d2l::distributed, on rank 0
+/// only. An exception from one ends the training and propagates.
 struct TrainSeq2SeqOptions {
-  /// Where the animator's loss curve (every 10th epoch, as the book's) is
-  /// written as SVG, rewritten at every point; empty: nowhere.
-  TORCH_ARG(std::string, svg_path) = "";
-  /// A one-line progress bar, shown only when stdout is a terminal.
-  TORCH_ARG(bool, progress) = true;
+  /// Called after every optimisation step; nullptr: nothing.
+  TORCH_ARG(StepCallback, on_step) = terminal_progress();
+  /// Called after every epoch; nullptr: nothing. d2l::viz's
+  /// `save_loss_curve(path)` draws the book's animator curve as SVG.
+  TORCH_ARG(EpochCallback, on_epoch) = nullptr;
 };
 
 /// What the book prints at the end of `train_seq2seq`, and every epoch's loss.
@@ -71,6 +118,38 @@ struct TrainSeq2SeqResult {
 TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
                                  int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
                                  const TrainSeq2SeqOptions& options = {});
+/// The same on the module holder: `train_seq2seq(net, ...)` for `*net`.
+TrainSeq2SeqResult train_seq2seq(const EncoderDecoder& net, ArrayLoader& data_iter, double lr,
+                                 int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
+                                 const TrainSeq2SeqOptions& options = {});
+
+/// What a data-parallel trainer adds to `train_seq2seq`'s loop: every rank
+/// runs the loop on its rows [B * rank / world_size, B * (rank + 1) /
+/// world_size) of every batch of B, and these hooks make the ranks agree.
+/// d2l::distributed::train_seq2seq implements them on a c10d process group;
+/// the callbacks and the printed line are rank 0's.
+class TrainSeq2SeqSync {
+ public:
+  virtual ~TrainSeq2SeqSync() = default;
+  /// The trainer's name in error messages ("d2l::distributed::train_seq2seq").
+  virtual const char* name() const = 0;
+  virtual int64_t rank() const = 0;
+  virtual int64_t world_size() const = 0;
+  /// After initialisation, before the optimiser: make every rank's weights
+  /// rank 0's.
+  virtual void after_init(torch::nn::Module& net) = 0;
+  /// Around every backward pass (called on ranks with no rows as well); after
+  /// `after_backward`, every rank's gradients are the sum over the ranks.
+  virtual void before_backward() = 0;
+  virtual void after_backward() = 0;
+  /// Sums `values` (CPU, float64) across the ranks in place.
+  virtual void sum(torch::Tensor& values) = 0;
+};
+
+/// `train_seq2seq` as one rank of `sync`'s group.
+TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
+                                 int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
+                                 TrainSeq2SeqSync& sync, const TrainSeq2SeqOptions& options = {});
 
 /// The book's `predict_seq2seq`: greedy decoding of `src_sentence` (lower-cased
 /// and split on spaces), at most `num_steps` tokens, stopping at `<eos>`.
@@ -82,6 +161,11 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
 /// `AttentionDecoder` throws c10::Error.
 std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     EncoderDecoderImpl& net, const std::string& src_sentence, const Vocab& src_vocab,
+    const Vocab& tgt_vocab, int64_t num_steps, torch::Device device,
+    bool save_attention_weights = false);
+/// The same on the module holder.
+std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
+    const EncoderDecoder& net, const std::string& src_sentence, const Vocab& src_vocab,
     const Vocab& tgt_vocab, int64_t num_steps, torch::Device device,
     bool save_attention_weights = false);
 

@@ -4,7 +4,6 @@
 #include <d2l/distributed.h>
 
 #include "collectives.h"
-#include "viz/train_loop.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -53,9 +52,10 @@ struct GradientReducer::State {
       try {
         bucket.work = group->allreduce(tensors);
       } catch (const std::exception& e) {
-        TORCH_CHECK(false, detail::who(kReducer, *group), ": starting the all-reduce of gradient "
-                    "bucket ", next_to_launch + 1, " of ", buckets.size(), " failed: ",
-                    detail::reason(e));
+        TORCH_CHECK(false, detail::who(kReducer, *group),
+                    ": starting the all-reduce of gradient "
+                    "bucket ",
+                    next_to_launch + 1, " of ", buckets.size(), " failed: ", detail::reason(e));
       }
       bucket.launched = true;
       ++next_to_launch;
@@ -181,9 +181,9 @@ void GradientReducer::finalize() {
   }
   s.launch_ready();
   for (size_t b = 0; b < s.buckets.size(); ++b) {
-    detail::wait(s.buckets[b].work, *s.group, kReducer,
-                 fmt::format("the all-reduce of gradient bucket {} of {}", b + 1,
-                             s.buckets.size()));
+    detail::wait(
+        s.buckets[b].work, *s.group, kReducer,
+        fmt::format("the all-reduce of gradient bucket {} of {}", b + 1, s.buckets.size()));
   }
   const int64_t world = s.group->getSize();
   for (auto& bucket : s.buckets) {
@@ -206,16 +206,15 @@ int64_t GradientReducer::num_buckets() const {
   return static_cast<int64_t>(state_->buckets.size());
 }
 
-int64_t GradientReducer::launched_during_backward() const {
-  return state_->launched_in_backward;
-}
+int64_t GradientReducer::launched_during_backward() const { return state_->launched_in_backward; }
 
 namespace {
 
-class GroupSync final : public d2l::detail::Seq2SeqSync {
+class GroupSync final : public TrainSeq2SeqSync {
  public:
   GroupSync(GroupPtr group, int64_t bucket_cap_bytes)
       : group_(std::move(group)), bucket_cap_bytes_(bucket_cap_bytes) {}
+  const char* name() const override { return "d2l::distributed::train_seq2seq"; }
   int64_t rank() const override { return group_->getRank(); }
   int64_t world_size() const override { return group_->getSize(); }
   void after_init(torch::nn::Module& net) override {
@@ -242,11 +241,19 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
                                  int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
                                  const GroupPtr& group, const TrainSeq2SeqOptions& options,
                                  int64_t bucket_cap_bytes) {
-  constexpr const char* fn = "d2l::distributed::train_seq2seq";
-  TORCH_CHECK(group, fn, ": group is null");
+  TORCH_CHECK(group, "d2l::distributed::train_seq2seq: group is null");
   GroupSync sync(group, bucket_cap_bytes);
-  return d2l::detail::train_seq2seq_loop(net, data_iter, lr, num_epochs, tgt_vocab, device,
-                                         options, &sync, fn);
+  return d2l::train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab, device, sync, options);
+}
+
+TrainSeq2SeqResult train_seq2seq(const EncoderDecoder& net, ArrayLoader& data_iter, double lr,
+                                 int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
+                                 const GroupPtr& group, const TrainSeq2SeqOptions& options,
+                                 int64_t bucket_cap_bytes) {
+  TORCH_CHECK(!net.is_empty(),
+              "d2l::distributed::train_seq2seq: net is an empty EncoderDecoder holder");
+  return train_seq2seq(*net.ptr(), data_iter, lr, num_epochs, tgt_vocab, device, group, options,
+                       bucket_cap_bytes);
 }
 
 }  // namespace d2l::distributed

@@ -1,8 +1,9 @@
 # ctest driver for tests/package, the project outside this tree:
 #   MODE=package       install the built library into a staging prefix, then
-#                      find_package it, build the consumer and run it;
+#                      find_package it, build the consumer and train_only (a
+#                      program linking d2l::train alone) and run them;
 #   MODE=subdirectory  add_subdirectory this source tree, check the parent's
-#                      settings, build the consumer and run it;
+#                      settings, build the consumer and train_only and run them;
 #   MODE=fetchcontent  FetchContent from this repository's git URL (a local
 #                      one: no network) at its HEAD, so uncommitted changes are
 #                      not in it; check the parent's settings and build the
@@ -56,7 +57,10 @@ file(WRITE "${WORK_DIR}/initial-cache.cmake"
      "set(CMAKE_PREFIX_PATH [[${prefix_path}]] CACHE STRING \"\")\n")
 run(${CMAKE_COMMAND} -C "${WORK_DIR}/initial-cache.cmake" -S "${SOURCE_DIR}"
     -B "${WORK_DIR}/build" -G "${GENERATOR}" ${args})
-run(${CMAKE_COMMAND} --build "${WORK_DIR}/build" --target ${target})
 if(target STREQUAL "consumer")
+  run(${CMAKE_COMMAND} --build "${WORK_DIR}/build" --target consumer train_only)
   run("${WORK_DIR}/build/consumer")
+  run("${WORK_DIR}/build/train_only" "${SOURCE_DIR}/../data/fra-eng-sample")
+else()
+  run(${CMAKE_COMMAND} --build "${WORK_DIR}/build" --target ${target})
 endif()
