@@ -1,6 +1,6 @@
 #include <d2l/nmt_data.h>
 
-#include "nmt_zip.h"
+#include "serialize/zip.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -92,6 +92,23 @@ std::filesystem::path locate(const std::string& path) {
   fail(path, "the directory holds neither fra.txt, fra-eng/fra.txt nor fra-eng.zip");
 }
 
+// The entry ".../fra.txt" of d2l's fra-eng.zip (stored or deflated), through
+// the library's one zip reader.
+std::string read_fra_txt(const std::string& bytes, const std::string& path) {
+  const serialize::Source source{kRead, path};
+  const serialize::ZipReader zip(bytes, source, serialize::ZipMethods::kStoredOrDeflated);
+  for (const auto& e : zip.entries()) {
+    const auto& n = e.name;
+    if (n != "fra.txt" && (n.size() < 8 || n.compare(n.size() - 8, 8, "/fra.txt") != 0)) continue;
+    // d2l's fra.txt is 11 MB; a size past 1 GiB is a corrupt or hostile header.
+    if (e.size > (uint64_t{1} << 30)) {
+      fail(path, fmt::format("fra.txt in the archive claims {} bytes, more than 1 GiB", e.size));
+    }
+    return std::string(zip.read(e));
+  }
+  fail(path, "the archive holds no fra.txt");
+}
+
 // The 1-based line of the first byte that is not part of valid UTF-8, or 0.
 int64_t first_invalid_utf8_line(std::string_view s) {
   int64_t line = 1;
@@ -122,7 +139,7 @@ std::string read_data_nmt(const std::string& path) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   std::string text = buffer.str();
-  if (file.extension() == ".zip") text = detail::read_zip_entry(text, shown);
+  if (file.extension() == ".zip") text = read_fra_txt(text, shown);
   if (text.empty()) fail(shown, "the file is empty");
   if (const auto line = first_invalid_utf8_line(text)) {
     fail(shown, fmt::format("line {} is not UTF-8", line));

@@ -1,13 +1,15 @@
-// The zip reader and writer of torch.save's container. The reader trusts
-// nothing in the archive: every field that locates bytes is checked against
-// the bytes held, and counts are capped by the bytes that could hold them.
+// The library's zip reader (torch.save's container and fra-eng.zip) and
+// torch.save's writer. The reader trusts nothing in the archive: every field
+// that locates bytes is checked against the bytes held, and counts are
+// capped by the bytes that could hold them. Inflate and CRC-32 are zlib's.
 
 #include "serialize/zip.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <zlib.h>
 
-#include <array>
+#include <algorithm>
 #include <limits>
 
 namespace d2l::serialize {
@@ -22,18 +24,10 @@ constexpr uint64_t kAlignment = 64;
 // 1980-01-01 00:00: the earliest DOS date, the same in every file we write.
 constexpr uint16_t kDosDate = (1 << 5) | 1;
 
-const std::array<uint32_t, 256>& crc_table() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  return table;
-}
+// zlib's functions take at most 4 GiB - 1 at a time.
+constexpr uint64_t kZlibChunk = std::numeric_limits<uInt>::max();
+// Deflate's best ratio: 258 bytes from one 2-bit code, about 1032 to 1.
+constexpr uint64_t kDeflateMaxRatio = 1032;
 
 uint64_t get(std::string_view b, uint64_t at, int n) {
   uint64_t v = 0;
@@ -50,15 +44,16 @@ void append_le(std::string& out, uint64_t v, int n) {
 void Source::fail(const std::string& what) const { TORCH_CHECK(false, fn, ": ", path, ": ", what); }
 
 uint32_t crc32(std::string_view data, uint32_t crc) {
-  const auto& table = crc_table();
-  crc = ~crc;
-  for (const char ch : data)
-    crc = table[(crc ^ static_cast<unsigned char>(ch)) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  uLong value = crc;
+  for (uint64_t at = 0; at < data.size(); at += kZlibChunk) {
+    const auto n = static_cast<uInt>(std::min<uint64_t>(kZlibChunk, data.size() - at));
+    value = ::crc32(value, reinterpret_cast<const Bytef*>(data.data() + at), n);
+  }
+  return static_cast<uint32_t>(value);
 }
 
-ZipReader::ZipReader(std::string_view bytes, const Source& source)
-    : bytes_(bytes), source_(source) {
+ZipReader::ZipReader(std::string_view bytes, const Source& source, ZipMethods methods)
+    : bytes_(bytes), source_(source), methods_(methods) {
   const uint64_t n = bytes_.size();
   if (n < kEndSize) {
     source_.fail(fmt::format("not a zip archive: {} bytes is too short (truncated?)", n));
@@ -140,27 +135,51 @@ void ZipReader::read_central_directory(uint64_t offset, uint64_t size, uint64_t 
       extra = extra.substr(4 + len);
     }
     if (flags & 1) source_.fail(fmt::format("entry '{}' is encrypted", e.name));
-    if (method != 0) {
-      source_.fail(
-          fmt::format("entry '{}' is compressed (method {}); only stored entries are "
-                      "supported, as torch.save writes them",
-                      e.name, method));
-    }
-    if (csize != usize) {
-      source_.fail(fmt::format("entry '{}' is stored but its sizes differ ({} and {})", e.name,
-                               csize, usize));
-    }
+    e.method = static_cast<uint16_t>(method);
     e.size = usize;
+    e.compressed_size = csize;
+    check_method(e);
     e.data_offset = data_offset(local, e.name);
-    if (e.data_offset > bytes_.size() || e.size > bytes_.size() - e.data_offset) {
+    if (e.data_offset > bytes_.size() || csize > bytes_.size() - e.data_offset) {
       source_.fail(
           fmt::format("entry '{}' ({} bytes at offset {}) is out of bounds of the {}-byte "
                       "archive (truncated?)",
-                      e.name, e.size, e.data_offset, bytes_.size()));
+                      e.name, csize, e.data_offset, bytes_.size()));
     }
     index_.emplace(e.name, entries_.size());
     entries_.push_back(std::move(e));
     at += kCentralHeaderSize + name_len + extra_len + comment_len;
+  }
+}
+
+void ZipReader::check_method(const ZipEntry& e) const {
+  if (e.method == 8 && methods_ == ZipMethods::kStoredOrDeflated) {
+    if (e.size > kZlibChunk || e.compressed_size > kZlibChunk) {
+      source_.fail(fmt::format("entry '{}' is too large to inflate ({} bytes from {}; at most {})",
+                               e.name, e.size, e.compressed_size, kZlibChunk));
+    }
+    if (e.size / kDeflateMaxRatio > e.compressed_size) {
+      source_.fail(
+          fmt::format("entry '{}' claims {} bytes from {} deflated bytes, more than "
+                      "deflate can give (corrupt?)",
+                      e.name, e.size, e.compressed_size));
+    }
+    return;
+  }
+  if (e.method != 0 && methods_ == ZipMethods::kStoredOrDeflated) {
+    source_.fail(
+        fmt::format("entry '{}' uses zip compression method {} (only stored and deflated are read)",
+                    e.name, e.method));
+  }
+  if (e.method != 0) {
+    source_.fail(
+        fmt::format("entry '{}' is compressed (method {}); only stored entries are "
+                    "supported, as torch.save writes them",
+                    e.name, e.method));
+  }
+  if (e.compressed_size != e.size) {
+    source_.fail(fmt::format("entry '{}' is stored but its sizes differ ({} and {})", e.name,
+                             e.compressed_size, e.size));
   }
 }
 
@@ -177,8 +196,32 @@ const ZipEntry* ZipReader::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
+std::string_view ZipReader::inflate(const ZipEntry& entry) const {
+  std::string out(entry.size, '\0');
+  z_stream zs{};
+  if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) {
+    source_.fail(fmt::format("entry '{}': zlib could not start inflating", entry.name));
+  }
+  // Both sizes fit zlib's counters (check_method).
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes_.data() + entry.data_offset));
+  zs.avail_in = static_cast<uInt>(entry.compressed_size);
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int rc = ::inflate(&zs, Z_FINISH);
+  const std::string why = zs.msg ? fmt::format(" (zlib: {})", zs.msg) : "";
+  const uint64_t produced = zs.total_out;
+  inflateEnd(&zs);
+  if (rc != Z_STREAM_END || produced != entry.size) {
+    source_.fail(
+        fmt::format("entry '{}' is corrupt: its deflate data does not inflate to its {} bytes{}",
+                    entry.name, entry.size, why));
+  }
+  return inflated_.emplace_back(std::move(out));
+}
+
 std::string_view ZipReader::read(const ZipEntry& entry) const {
-  const std::string_view data = bytes_.substr(entry.data_offset, entry.size);
+  const std::string_view data =
+      entry.method == 8 ? inflate(entry) : bytes_.substr(entry.data_offset, entry.size);
   const uint32_t crc = crc32(data);
   if (crc != entry.crc) {
     source_.fail(fmt::format("entry '{}' is corrupt: CRC-32 {:08x}, expected {:08x}", entry.name,
