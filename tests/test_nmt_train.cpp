@@ -19,7 +19,7 @@ namespace {
 using d2l::testing::error_message;
 using ::testing::HasSubstr;
 
-const std::string kSample = D2L_NMT_DATA_DIR "/fra-eng-sample";
+const std::string kTrainSample = D2L_NMT_DATA_DIR "/fra-eng-sample";
 
 TEST(MaskedSoftmaxCELoss, TheBooksExample) {
   // loss(torch.ones(3, 4, 10), torch.ones((3, 4), dtype=torch.long),
@@ -98,7 +98,7 @@ d2l::EncoderDecoder tiny_model(const d2l::Vocab& src, const d2l::Vocab& tgt, boo
 
 TEST(PredictSeq2Seq, AttentionWeightsOfEveryStep) {
   torch::manual_seed(0);
-  auto data = d2l::load_data_nmt(kSample, 8, 10, 40);
+  auto data = d2l::load_data_nmt(kTrainSample, 8, 10, 40);
   auto net = tiny_model(data.src_vocab, data.tgt_vocab, true);
   const auto [translation, weights] =
       d2l::predict_seq2seq(*net, "Go .", data.src_vocab, data.tgt_vocab, 10, torch::kCPU,
@@ -123,7 +123,7 @@ TEST(PredictSeq2Seq, AttentionWeightsOfEveryStep) {
 }
 
 TEST(PredictSeq2Seq, WeightsNeedAnAttentionDecoder) {
-  auto data = d2l::load_data_nmt(kSample, 8, 10, 40);
+  auto data = d2l::load_data_nmt(kTrainSample, 8, 10, 40);
   auto net = tiny_model(data.src_vocab, data.tgt_vocab, false);
   EXPECT_THAT(error_message([&] {
                 d2l::predict_seq2seq(*net, "go .", data.src_vocab, data.tgt_vocab, 10, torch::kCPU,
@@ -139,7 +139,7 @@ TEST(PredictSeq2Seq, WeightsNeedAnAttentionDecoder) {
 // Through the module holder, as the book calls it.
 TEST(TrainSeq2Seq, AFewEpochsOnTheSampleLowerTheLoss) {
   torch::manual_seed(0);
-  auto data = d2l::load_data_nmt(kSample, 8, 6, 20);
+  auto data = d2l::load_data_nmt(kTrainSample, 8, 6, 20);
   auto net = tiny_model(data.src_vocab, data.tgt_vocab, true);
   const auto result = d2l::train_seq2seq(net, data.data_iter, 0.005, 6, data.tgt_vocab, torch::kCPU,
                                          d2l::TrainSeq2SeqOptions().on_step(nullptr));
