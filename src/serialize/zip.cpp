@@ -242,7 +242,11 @@ void ZipWriter::add(const std::string& name, std::string_view data) {
   if (name.size() > 0xFFFF || start + padding + data.size() >= 0xFFFFFFFF) {
     source_.fail(fmt::format("entry '{}' would pass 4 GiB; zip64 output is not supported", name));
   }
-  ZipEntry e{name, start + padding, data.size(), crc32(data)};
+  ZipEntry e;
+  e.name = name;
+  e.data_offset = start + padding;
+  e.size = e.compressed_size = data.size();
+  e.crc = crc32(data);
   std::string header;
   append_le(header, kLocalHeader, 4);
   append_le(header, 20, 2);  // version needed: 2.0
