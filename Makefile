@@ -76,7 +76,7 @@ endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         multi-head python-weights \
-        fra-eng bahdanau seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
+        fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
@@ -198,6 +198,15 @@ fra-eng:
 bahdanau: configure fra-eng
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) --out $(BUILD_DIR)/bahdanau
+
+# The book's Transformer section (its recipe, 200 epochs) on the fra-eng
+# sample in tests/data, or on d2l's fra-eng.zip once `make fra-eng` has
+# fetched it: loss, tokens/s, four translations with BLEU, the loss curve and
+# the attention heatmaps per layer and head.
+transformer: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --model transformer \
+	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --out $(BUILD_DIR)/transformer
 
 # One line per ctest log: its count, failures and skips; then their total.
 define ctest_summary

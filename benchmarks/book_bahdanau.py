@@ -1,10 +1,13 @@
 #!/usr/bin/python3
-"""The book's Bahdanau-attention training on fra-eng, in the book's own PyTorch code: the Python
-side of the tokens/s comparison with examples/bahdanau_fra_eng (README, "Machine translation").
+"""The book's Bahdanau-attention (or, with --model transformer, Transformer) training on fra-eng,
+in the book's own PyTorch code: the Python side of the tokens/s comparison with
+examples/bahdanau_fra_eng (README, "Machine translation").
 
     /usr/bin/python3 benchmarks/book_bahdanau.py --data tests/data/fra-eng-sample --threads 1
+    /usr/bin/python3 benchmarks/book_bahdanau.py --model transformer --threads 1
 
-The models come from tests/reference/d2l_book.py (the 0.17 edition's classes, written out); the
+The models come from tests/reference/d2l_book.py and d2l_transformer.py (the 0.17 edition's
+classes, written out); the
 data pipeline and the training loop below are the 0.17 edition's `read_data_nmt`, `preprocess_nmt`,
 `tokenize_nmt`, `Vocab`, `truncate_pad`, `build_array_nmt`, `load_array`, `load_data_nmt`,
 `MaskedSoftmaxCELoss`, `grad_clipping`, `train_seq2seq`, `predict_seq2seq` and `bleu`, written out
@@ -28,6 +31,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests",
                                 "reference"))
 import d2l_book  # noqa: E402  (the book's classes)
+import d2l_transformer  # noqa: E402
 
 
 def read_data_nmt(path):
@@ -211,19 +215,35 @@ def main():
                                                        os.pardir, 'tests', 'data',
                                                        'fra-eng-sample'))
     parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--epochs', type=int, default=250)
+    parser.add_argument('--model', choices=['bahdanau', 'transformer'], default='bahdanau')
+    parser.add_argument('--epochs', type=int, default=None,
+                        help="default: the book's, 250 (bahdanau) or 200 (transformer)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    # The book's recipe (Bahdanau attention section).
+    # The book's recipes (Bahdanau attention and Transformer sections).
     embed_size, num_hiddens, num_layers, dropout = 32, 32, 2, 0.1
     batch_size, num_steps = 64, 10
-    lr, num_epochs, device = 0.005, args.epochs, torch.device('cpu')
+    transformer = args.model == 'transformer'
+    num_epochs = args.epochs or (200 if transformer else 250)
+    lr, device = 0.005, torch.device('cpu')
     train_iter, src_vocab, tgt_vocab = load_data_nmt(args.data, batch_size, num_steps)
-    encoder = d2l_book.Seq2SeqEncoder(len(src_vocab), embed_size, num_hiddens, num_layers, dropout)
-    decoder = d2l_book.Seq2SeqAttentionDecoder(len(tgt_vocab), embed_size, num_hiddens, num_layers,
-                                               dropout)
+    if transformer:
+        ffn_num_input, ffn_num_hiddens, num_heads = 32, 64, 4
+        key_size, query_size, value_size = 32, 32, 32
+        norm_shape = [32]
+        encoder = d2l_transformer.TransformerEncoder(
+            len(src_vocab), key_size, query_size, value_size, num_hiddens, norm_shape,
+            ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
+        decoder = d2l_transformer.TransformerDecoder(
+            len(tgt_vocab), key_size, query_size, value_size, num_hiddens, norm_shape,
+            ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
+    else:
+        encoder = d2l_book.Seq2SeqEncoder(len(src_vocab), embed_size, num_hiddens, num_layers,
+                                          dropout)
+        decoder = d2l_book.Seq2SeqAttentionDecoder(len(tgt_vocab), embed_size, num_hiddens,
+                                                   num_layers, dropout)
     net = d2l_book.EncoderDecoder(encoder, decoder)
     print(f'{args.data}: vocabularies of {len(src_vocab)} and {len(tgt_vocab)} tokens; '
           f'{torch.get_num_threads()} threads, torch {torch.__version__}')

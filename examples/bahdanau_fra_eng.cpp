@@ -1,8 +1,12 @@
 // d2l's "Bahdanau Attention" section (d2l.torch 0.17) on the book's data,
 // fra-eng, with the book's recipe: embed 32, hidden 32, 2 layers, dropout
 // 0.1, batch 64, 10 steps, Adam at 0.005, 250 epochs, the first 600 examples.
+// With --model transformer, its "Transformer" section instead: 32 hidden,
+// 2 layers, FFN 64, 4 heads, dropout 0.1, batch 64, 10 steps, Adam at 0.005,
+// 200 epochs.
 //
-//   bahdanau_fra_eng [--data PATH] [--out DIR] [--epochs N] [--threads N] [--device cpu|cuda]
+//   bahdanau_fra_eng [--model bahdanau|transformer] [--data PATH] [--out DIR] [--epochs N]
+//                    [--threads N] [--device cpu|cuda]
 //                    [--batch-size N] [--num-hiddens N] [--save FILE] [--spawn N | --world-size N
 //                    --rank R
 //                    (--master ADDR:PORT | --file-store PATH)] [--dist-timeout SECONDS]
@@ -11,8 +15,10 @@
 // (`make fra-eng` fetches it); the default is the 651-line sample shipped in
 // tests/data/fra-eng-sample, which holds the book's 600 examples. Prints the
 // book's lines (loss and tokens/s, four translations with BLEU) and writes
-// into DIR (default ./bahdanau_out) loss.svg, the animator's curve, and
-// attention.svg, the heatmap of the last sentence. --save writes the trained
+// into DIR (default ./bahdanau_out or ./transformer_out) loss.svg, the
+// animator's curve, and the attention heatmaps of the last sentence:
+// attention.svg (Bahdanau), or the Transformer's per layer and head,
+// encoder_attention.svg and decoder_attention.svg (encoder-decoder). --save writes the trained
 // model (torch::save of its parameters, written whole or not at all).
 //
 // Data-parallel (with d2l::distributed): `--spawn N` starts N processes on
@@ -49,11 +55,14 @@ namespace {
 constexpr int64_t kEmbedSize = 32, kNumHiddens = 32, kNumLayers = 2;
 constexpr double kDropout = 0.1, kLr = 0.005;
 constexpr int64_t kBatchSize = 64, kNumSteps = 10, kNumEpochs = 250, kNumExamples = 600;
+// The Transformer section's recipe.
+constexpr int64_t kTransformerEpochs = 200, kFfnHiddens = 64, kNumHeads = 4;
 
 struct Args {
+  std::string model = "bahdanau";
   std::string data = D2L_FRA_ENG_SAMPLE;
-  std::filesystem::path out = "bahdanau_out";
-  int64_t epochs = kNumEpochs;
+  std::filesystem::path out;
+  int64_t epochs = 0;
   int threads = 0;
   torch::Device device = torch::kCPU;
   std::string save;
@@ -90,12 +99,15 @@ Args parse(int argc, char** argv) {
       "loss, tokens/s, four translations with BLEU, the loss curve and an attention heatmap. "
       "On a machine other programs keep busy, OMP_WAIT_POLICY=passive stops OpenMP's threads "
       "spinning between regions (make bahdanau sets it).");
+  app.add_option("--model", args.model,
+                 "bahdanau (the book's Bahdanau section) or transformer (its Transformer section)")
+      ->check(CLI::IsMember({"bahdanau", "transformer"}))
+      ->capture_default_str();
   app.add_option("--data", args.data, "fra-eng.zip, its fra.txt, or a folder holding either")
       ->capture_default_str();
-  app.add_option("--out", args.out, "where the pictures go")->capture_default_str();
-  app.add_option("--epochs", args.epochs, "training epochs")
-      ->check(examples::kCount)
-      ->capture_default_str();
+  app.add_option("--out", args.out, "where the pictures go (default: ./<model>_out)");
+  app.add_option("--epochs", args.epochs, "training epochs (default: the book's, 250 or 200)")
+      ->check(examples::kCount);
   app.add_option("--threads", args.threads,
                  "ATen's threads (OpenBLAS's: 1); default: the cores shared among the local "
                  "processes")
@@ -127,6 +139,9 @@ Args parse(int argc, char** argv) {
     std::exit(app.exit(e));
   }
   args.device = torch::Device(device);
+  const bool transformer = args.model == "transformer";
+  if (args.out.empty()) args.out = args.model + "_out";
+  if (args.epochs == 0) args.epochs = transformer ? kTransformerEpochs : kNumEpochs;
   if (args.threads == 0) {
     // A share of the machine per local process (torchrun's LOCAL_WORLD_SIZE).
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
@@ -134,6 +149,50 @@ Args parse(int argc, char** argv) {
     args.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / processes);
   }
   return args;
+}
+
+// The Bahdanau section's model, or the Transformer section's.
+d2l::EncoderDecoder make_net(const Args& args, int64_t src_vocab, int64_t tgt_vocab) {
+  const int64_t h = args.num_hiddens;
+  if (args.model == "transformer") {
+    return d2l::EncoderDecoder{
+        d2l::TransformerEncoder(src_vocab, h, h, h, h, {h}, h, kFfnHiddens, kNumHeads, kNumLayers,
+                                kDropout),
+        d2l::TransformerDecoder(tgt_vocab, h, h, h, h, {h}, h, kFfnHiddens, kNumHeads, kNumLayers,
+                                kDropout)};
+  }
+  return d2l::EncoderDecoder{
+      d2l::Seq2SeqEncoder(src_vocab, kEmbedSize, h, kNumLayers, kDropout),
+      d2l::Seq2SeqAttentionDecoder(
+          d2l::Seq2SeqOptions(tgt_vocab, kEmbedSize, h, kNumLayers).dropout(kDropout))};
+}
+
+// The Transformer section's heatmaps of the last sentence, one per layer
+// (rows) and head (columns): the encoder's self-attention over the source's
+// words and <eos>, and the decoder's attention over them at each decoding step
+// (predict_seq2seq's weights: TransformerDecoder::attention_weights()[0],
+// (num_layers * num_heads, 1, num_steps) a step).
+void draw_transformer_attention(d2l::EncoderDecoderImpl& net,
+                                const std::vector<torch::Tensor>& dec_steps, int64_t keys,
+                                const std::filesystem::path& out) {
+  std::vector<std::string> titles;
+  for (int64_t i = 1; i <= kNumHeads; ++i) titles.push_back(fmt::format("Head {}", i));
+  const auto draw = [&](const torch::Tensor& weights, const char* name) {
+    const auto path = (out / name).string();
+    d2l::show_heatmaps(weights.cpu(), "Key positions", "Query positions", path, titles, {7.0, 3.5});
+    fmt::print("wrote {}
+", path);
+  };
+  auto& encoder = dynamic_cast<d2l::TransformerEncoderImpl&>(*net.encoder);
+  const auto enc = torch::cat(encoder.attention_weights(), 0)
+                       .reshape({kNumLayers, kNumHeads, -1, kNumSteps})
+                       .slice(2, 0, keys)
+                       .slice(3, 0, keys);
+  draw(enc, "encoder_attention.svg");
+  const auto dec = torch::cat(dec_steps, 1)
+                       .reshape({kNumLayers, kNumHeads, -1, kNumSteps})
+                       .slice(3, 0, keys);
+  draw(dec, "decoder_attention.svg");
 }
 
 int run(const Args& args) {
@@ -178,12 +237,7 @@ int run(const Args& args) {
                data.tgt_vocab.size(), torch::get_num_threads(), args.device.str());
   }
 
-  d2l::Seq2SeqEncoder encoder(data.src_vocab.size(), kEmbedSize, args.num_hiddens, kNumLayers,
-                              kDropout);
-  d2l::Seq2SeqAttentionDecoder decoder(
-      d2l::Seq2SeqOptions(data.tgt_vocab.size(), kEmbedSize, args.num_hiddens, kNumLayers)
-          .dropout(kDropout));
-  d2l::EncoderDecoder net(encoder, decoder);
+  auto net = make_net(args, data.src_vocab.size(), data.tgt_vocab.size());
   const auto loss_svg = (args.out / "loss.svg").string();
   const auto train_options = d2l::TrainSeq2SeqOptions().on_epoch(d2l::save_loss_curve(loss_svg));
   d2l::TrainSeq2SeqResult trained;
@@ -224,11 +278,15 @@ int run(const Args& args) {
     fmt::print("{} => {}, bleu {:.3f}\n", engs[i], translation, d2l::bleu(translation, fras[i], 2));
     dec_attention_weight_seq = std::move(weights);
   }
+  const int64_t keys = 3 + 1;  // "i'm home ." and <eos>
+  if (args.model == "transformer") {
+    draw_transformer_attention(*net, dec_attention_weight_seq, keys, args.out);
+    return 0;
+  }
   // The book's heatmap of the last sentence: one row per decoding step, the
   // source's words and <eos> as columns.
   const auto attention_weights =
       torch::cat(dec_attention_weight_seq, 0).reshape({1, 1, -1, kNumSteps});
-  const int64_t keys = 3 + 1;  // "i'm home ." and <eos>
   const auto heatmap = (args.out / "attention.svg").string();
   d2l::show_heatmaps(attention_weights.slice(3, 0, keys).cpu(), "Key positions", "Query positions",
                      heatmap);

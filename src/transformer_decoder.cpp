@@ -260,11 +260,15 @@ std::array<std::vector<torch::Tensor>, 2> TransformerDecoderImpl::block_attentio
 }
 
 torch::Tensor TransformerDecoderImpl::attention_weights() const {
-  auto cross = block_attention_weights()[1];
-  for (const auto& w : cross) {
+  const int64_t heads = options.block().num_heads();
+  std::vector<torch::Tensor> cross;
+  for (const auto& w : block_attention_weights()[1]) {
     if (!w.defined()) return {};
+    // (B * heads, steps, m) -> (B, 1, heads, steps, m)
+    cross.push_back(w.reshape({-1, heads, w.size(1), w.size(2)}).unsqueeze(1));
   }
-  return torch::cat(cross, 0);
+  const auto stacked = torch::cat(cross, 1);
+  return stacked.reshape({stacked.size(0), -1, stacked.size(3), stacked.size(4)});
 }
 
 void TransformerDecoderImpl::load(torch::serialize::InputArchive& archive) {

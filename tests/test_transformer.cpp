@@ -121,7 +121,12 @@ TEST_P(TransformerParity, ForwardAndBackwardMatchThePythonReference) {
     EXPECT_EQ(state.key_values[i].sizes(),
               (std::vector<int64_t>{dec_X.size(0), dec_X.size(1), state.enc_outputs.size(2)}));
   }
-  EXPECT_EQ(decoder_of(model)->attention_weights().size(0), layers * dec_weights[1][0].size(0));
+  // attention_weights(): every block's and head's encoder-decoder weights, example first.
+  const auto heads = static_cast<int64_t>(f.scalar("num_heads"));
+  const auto all = decoder_of(model)->attention_weights();
+  ASSERT_EQ(all.sizes(), (std::vector<int64_t>{dec_X.size(0), layers * heads, dec_X.size(1),
+                                               enc_X.size(1)}));
+  EXPECT_TRUE(torch::equal(all[2][heads + 1], dec_weights[1][1][2 * heads + 1]));
   (output * f.tensor("G")).sum().backward();
   for (const auto& p : model->named_parameters()) {
     ASSERT_TRUE(p.value().grad().defined()) << p.key();

@@ -320,8 +320,10 @@ class TransformerDecoderImpl : public torch::nn::Cloneable<TransformerDecoderImp
   /// self-attention weights of block i, (B * num_heads, steps, keys so far);
   /// [1][i] its encoder-decoder weights, (B * num_heads, steps, enc steps).
   std::array<std::vector<torch::Tensor>, 2> block_attention_weights() const;
-  /// The encoder-decoder weights of every block, concatenated along dim 0:
-  /// (num_layers * B * num_heads, steps, enc steps).
+  /// The encoder-decoder weights of every block and head, example first:
+  /// (B, num_layers * num_heads, steps, enc steps), block-major; undefined
+  /// where the blocks' attention records none. predict_seq2seq keeps its
+  /// [0] of every decoding step.
   torch::Tensor attention_weights() const override;
 
   /// Block i of `blks`.
