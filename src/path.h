@@ -77,12 +77,13 @@ AdditivePath choose_additive_path(const char* fn, AttentionBackend backend,
                                   const torch::Tensor& queries, double dropout, bool training,
                                   AdditiveStage stage, std::vector<std::string>* reasons = nullptr);
 
-/// Prints `explanation` to stderr when the environment variable
-/// D2L_LOG_PATH is set (to anything but "0" or ""), read once per process.
+/// Prints one line, as PathExplanation::to_string, to stderr: what `fn`
+/// runs under `backend` and why. The ops call it when logging_paths().
 void log_path(const char* fn, AttentionBackend backend, const char* path,
               const std::vector<std::string>& reasons);
 
-/// Whether D2L_LOG_PATH asks for every call's path to be logged.
+/// Whether the environment variable D2L_LOG_PATH asks for every call's path
+/// to be logged (set, and neither "" nor "0"); read once per process.
 bool logging_paths();
 
 }  // namespace d2l::detail
