@@ -218,14 +218,9 @@ const std::vector<Shape> kSdpaShapes = {
 
 torch::Tensor dot_attention(const Inputs& in, const std::vector<torch::Tensor>& qkv,
                             d2l::AttentionBackend path, bool need_weights) {
-  return std::get<0>(
-      d2l::functional::dot_product_attention(qkv[0], qkv[1], qkv[2],
-                                             d2l::functional::DotProductAttentionFuncOptions()
-                                                 .valid_lens(in.lens)
-                                                 .dropout(0.0)
-                                                 .training(false)
-                                                 .backend(path)
-                                                 .need_weights(need_weights)));
+  auto options = d2l::functional::DotProductAttentionFuncOptions().valid_lens(in.lens);
+  return std::get<0>(d2l::functional::dot_product_attention(
+      qkv[0], qkv[1], qkv[2], options.backend(path).need_weights(need_weights)));
 }
 
 std::map<std::string, CaseFactory> sdpa_cases() {
