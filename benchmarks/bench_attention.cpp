@@ -82,21 +82,21 @@ Body forward_backward(std::vector<torch::Tensor> leaves, torch::Tensor upstream,
   };
 }
 
-d2l::AdditiveAttention additive_module(const Shape& s, d2l::Path path) {
+d2l::AdditiveAttention additive_module(const Shape& s, d2l::AttentionBackend path) {
   torch::manual_seed(1);
-  d2l::AdditiveAttention a(d2l::AdditiveAttentionOptions(s.d, s.d, s.h).path(path));
+  d2l::AdditiveAttention a(d2l::AdditiveAttentionOptions(s.d, s.d, s.h).backend(path));
   a->eval();
   return a;
 }
 
-d2l::DotProductAttention dot_module(d2l::Path path) {
-  d2l::DotProductAttention a(d2l::DotProductAttentionOptions().path(path));
+d2l::DotProductAttention dot_module(d2l::AttentionBackend path) {
+  d2l::DotProductAttention a(d2l::DotProductAttentionOptions().backend(path));
   a->eval();
   return a;
 }
 
-std::map<std::string, CaseFactory> cases_for(d2l::Path path) {
-  const bool fused = path != d2l::Path::kComposite;
+std::map<std::string, CaseFactory> cases_for(d2l::AttentionBackend path) {
+  const bool fused = path != d2l::AttentionBackend::kComposite;
   auto softmax = [path](const torch::Tensor& X, const torch::Tensor& lens) {
     return d2l::masked_softmax(X, lens, path);
   };
@@ -216,10 +216,11 @@ const std::vector<Shape> kSdpaShapes = {
     {"sdpa512q1", 32, 1, 512, 64, 0},   {"sdpa2048q1", 32, 1, 2048, 64, 0},
     {"sdpa8192q1", 8, 1, 8192, 64, 0},  {"sdpa16384q1", 1, 1, 16384, 64, 0}};
 
-torch::Tensor dot_attention(const Inputs& in, const std::vector<torch::Tensor>& qkv, d2l::Path path,
-                            bool need_weights) {
-  return std::get<0>(d2l::functional::dot_product_attention(qkv[0], qkv[1], qkv[2], in.lens, 0.0,
-                                                            false, path, need_weights));
+torch::Tensor dot_attention(const Inputs& in, const std::vector<torch::Tensor>& qkv,
+                            d2l::AttentionBackend path, bool need_weights) {
+  auto options = d2l::functional::DotProductAttentionFuncOptions().valid_lens(in.lens);
+  return std::get<0>(d2l::functional::dot_product_attention(
+      qkv[0], qkv[1], qkv[2], options.backend(path).need_weights(need_weights)));
 }
 
 std::map<std::string, CaseFactory> sdpa_cases() {
@@ -229,12 +230,12 @@ std::map<std::string, CaseFactory> sdpa_cases() {
   // the (B, n, m) weights (before, bmm, fused masked softmax, bmm).
   struct Variant {
     std::string name;
-    d2l::Path path;
+    d2l::AttentionBackend path;
     bool need_weights;
   };
   for (const auto& [name, path, need_weights] :
-       std::vector<Variant>{{"dot_fused_noweights", d2l::Path::kFused, false},
-                            {"dot_fused_weights", d2l::Path::kFused, true}}) {
+       std::vector<Variant>{{"dot_fused_noweights", d2l::AttentionBackend::kFused, false},
+                            {"dot_fused_weights", d2l::AttentionBackend::kFused, true}}) {
     c[name + "_fwd"] = [path = path, need_weights = need_weights](const Shape&, const Inputs& in) {
       return forward_only([=] {
         return dot_attention(in, {in.queries, in.keys, in.values}, path, need_weights);
@@ -253,7 +254,7 @@ std::map<std::string, CaseFactory> sdpa_cases() {
   auto unfused = [](const Inputs& in, const std::vector<torch::Tensor>& x) {
     const auto scores =
         torch::bmm(x[0], x[1].transpose(1, 2)) / std::sqrt(static_cast<double>(x[0].size(2)));
-    return torch::bmm(d2l::masked_softmax(scores, in.lens, d2l::Path::kFused), x[2]);
+    return torch::bmm(d2l::masked_softmax(scores, in.lens, d2l::AttentionBackend::kFused), x[2]);
   };
   c["dot_unfused_fwd"] = [=](const Shape&, const Inputs& in) {
     return forward_only([=] { return unfused(in, {in.queries, in.keys, in.values}); });
@@ -364,13 +365,13 @@ int main(int argc, char** argv) {
     }
     for (int threads : config.threads) {
       const auto suffix = fmt::format("/{}/threads:{}", shape.name, threads);
-      for (const auto& [name, factory] : cases_for(d2l::Path::kAuto)) {
+      for (const auto& [name, factory] : cases_for(d2l::AttentionBackend::kAuto)) {
         register_case(name + suffix, shape, threads, factory, config.memory);
       }
       for (const auto& [name, factory] : floor_cases()) {
         register_case(name + suffix, shape, threads, factory, config.memory);
       }
-      for (const auto& [name, factory] : cases_for(d2l::Path::kComposite)) {
+      for (const auto& [name, factory] : cases_for(d2l::AttentionBackend::kComposite)) {
         // The book's additive path at the big shape takes seconds and gigabytes.
         const bool slow = shape.name == "big" && name.rfind("additive", 0) == 0;
         if (slow && !config.composite_big) continue;

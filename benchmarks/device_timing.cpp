@@ -135,14 +135,21 @@ int main(int argc, char** argv) {
     const auto lens = torch::randint(1, shape.m + 1, {shape.B}, opts.dtype(torch::kLong));
 
     std::vector<std::pair<std::string, Forward>> cases;
-    for (auto [name, path, weights] : std::vector<std::tuple<std::string, d2l::Path, bool>>{
-             {"dot, weights (kAuto)", d2l::Path::kAuto, true},
-             {"dot, no weights (kAuto)", d2l::Path::kAuto, false},
-             {"dot (kComposite)", d2l::Path::kComposite, true}}) {
+    for (auto [name, path, weights] :
+         std::vector<std::tuple<std::string, d2l::AttentionBackend, bool>>{
+             {"dot, weights (kAuto)", d2l::AttentionBackend::kAuto, true},
+             {"dot, no weights (kAuto)", d2l::AttentionBackend::kAuto, false},
+             {"dot (kComposite)", d2l::AttentionBackend::kComposite, true}}) {
       cases.emplace_back(
           name, [=, path = path, weights = weights](const auto& a, const auto& b, const auto& c) {
-            return std::get<0>(
-                d2l::functional::dot_product_attention(a, b, c, lens, 0.0, false, path, weights));
+            return std::get<0>(d2l::functional::dot_product_attention(
+                a, b, c,
+                d2l::functional::DotProductAttentionFuncOptions()
+                    .valid_lens(lens)
+                    .dropout(0.0)
+                    .training(false)
+                    .backend(path)
+                    .need_weights(weights)));
           });
     }
 #if D2L_HAS_SDPA

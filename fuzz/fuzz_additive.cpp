@@ -35,7 +35,8 @@ void fuzz_additive_scores(Bytes& in) {
   torch::Tensor scores;
   {
     GradModeScope scope(grad_mode);
-    scores = d2l::functional::additive_scores(q.value, k.value, w.value, path);
+    scores = d2l::functional::additive_scores(
+        q.value, k.value, w.value, d2l::functional::AdditiveScoresFuncOptions().backend(path));
   }
   FUZZ_CHECK(scores.sizes() == torch::IntArrayRef({d[0], d[1], d[2]}),
              "additive_scores has the wrong shape");
@@ -59,7 +60,7 @@ void fuzz_additive_module(Bytes& in) {
   if (in.below(8) == 0) query_size = in.below(10);
   const auto options = d2l::AdditiveAttentionOptions(key_size, query_size, in.below(10))
                            .dropout(in.pick(kDropouts))
-                           .path(in.pick(kPaths))
+                           .backend(in.pick(kPaths))
                            .record_attention_weights(in.flag());
   d2l::AdditiveAttention attention(options);
   const auto module_dtype = in.below(4) == 0 ? in.pick(kDataDtypes) : a.queries.value.scalar_type();

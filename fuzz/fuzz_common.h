@@ -74,8 +74,8 @@ inline const std::vector<torch::Dtype> kDataDtypes = {
     torch::kFloat,    torch::kFloat, torch::kDouble, torch::kHalf,
     torch::kBFloat16, torch::kLong,  torch::kInt,    torch::kBool};
 inline const std::vector<double> kDropouts = {0.0, 0.0, 0.1, 0.5, 0.9, 1.0, -0.1, 1.5, kNaN};
-inline const std::vector<d2l::Path> kPaths = {d2l::Path::kAuto, d2l::Path::kComposite,
-                                              d2l::Path::kFused};
+inline const std::vector<d2l::AttentionBackend> kPaths = {
+    d2l::AttentionBackend::kAuto, d2l::AttentionBackend::kComposite, d2l::AttentionBackend::kFused};
 
 bool floating(const torch::Tensor& t);
 
@@ -147,7 +147,7 @@ void check_attention_module(Bytes& in, Holder& attention, const Options& options
                             std::vector<torch::Tensor> leaves) {
   const auto grad_mode = pick_grad_mode(in);
   std::ostringstream description;
-  description << *attention << " path=" << static_cast<int>(options.path())
+  description << *attention << " path=" << static_cast<int>(options.backend())
               << " record=" << options.record_attention_weights()
               << " training=" << attention->is_training()
               << " grad_mode=" << static_cast<int>(grad_mode);

@@ -29,7 +29,12 @@ void fuzz_dot_product_functional(Bytes& in) {
     GradModeScope scope(grad_mode);
     std::tie(out, weights) =
         d2l::functional::dot_product_attention(a.queries.value, a.keys.value, a.values.value,
-                                               a.lens, dropout, training, path, need_weights);
+                                               d2l::functional::DotProductAttentionFuncOptions()
+                                                   .valid_lens(a.lens)
+                                                   .dropout(dropout)
+                                                   .training(training)
+                                                   .backend(path)
+                                                   .need_weights(need_weights));
   }
   note("out", out);
   note("weights", weights);
@@ -46,7 +51,7 @@ void fuzz_dot_product_module(Bytes& in) {
   auto a = make_qkv(in, in.below(8) != 0);
   const auto options = d2l::DotProductAttentionOptions()
                            .dropout(in.pick(kDropouts))
-                           .path(in.pick(kPaths))
+                           .backend(in.pick(kPaths))
                            .record_attention_weights(in.flag());
   d2l::DotProductAttention attention(options);
   attention->train(in.flag());

@@ -60,8 +60,8 @@ void fuzz_masked_softmax(Bytes& in) {
   {
     GradModeScope scope(grad_mode);
     y = variant == 0   ? d2l::masked_softmax(X.value, lens)
-        : variant == 1 ? d2l::masked_softmax(X.value, lens, d2l::Path::kComposite)
-                       : d2l::masked_softmax(X.value, lens, d2l::Path::kFused);
+        : variant == 1 ? d2l::masked_softmax(X.value, lens, d2l::AttentionBackend::kComposite)
+                       : d2l::masked_softmax(X.value, lens, d2l::AttentionBackend::kFused);
   }
   note("y", y);
   FUZZ_CHECK(y.sizes() == X.value.sizes() && y.scalar_type() == dtype,

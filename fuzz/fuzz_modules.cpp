@@ -44,7 +44,7 @@ void fuzz_multi_head_functional(Bytes& in, const QKVArgs& a) {
                      projection(in, {h, dv}, dtype), projection(in, {h, h}, dtype))
                      .dropout(in.pick(kDropouts))
                      .training(in.flag())
-                     .path(in.pick(kPaths))
+                     .backend(in.pick(kPaths))
                      .need_weights(in.flag());
   if (in.flag()) {
     options.b_q(projection(in, {h}, dtype)).b_k(projection(in, {h}, dtype));
@@ -79,7 +79,7 @@ void fuzz_multi_head_module(Bytes& in, const QKVArgs& a) {
                                                 in.below(9), in.below(5))
                      .dropout(in.pick(kDropouts))
                      .bias(in.flag())
-                     .path(in.pick(kPaths))
+                     .backend(in.pick(kPaths))
                      .record_attention_weights(in.flag());
   if (in.below(8) == 0) options.key_size(in.below(10));
   if (in.below(8) == 0) options.num_heads(-in.below(3));

@@ -58,52 +58,81 @@ void check_linear_weight(const char* fn, const char* name, const torch::Tensor& 
 
 torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
                                       const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                                      Path path) {
-  if (use_fused("d2l::additive_scores", path, projected_queries.device())) {
-    return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
+                                      AttentionBackend backend) {
+  constexpr const char* fn = "d2l::additive_scores";
+  switch (
+      choose_additive_path(fn, backend, projected_queries, 0.0, false, AdditiveStage::kScores)) {
+    case AdditivePath::kFusedScores:
+      return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
+    case AdditivePath::kComposite: return composite_scores(projected_queries, projected_keys, w_v);
+    default: return chunked_additive_scores(projected_queries, projected_keys, w_v);
   }
-  if (path == Path::kComposite) return composite_scores(projected_queries, projected_keys, w_v);
-  return chunked_additive_scores(projected_queries, projected_keys, w_v);
-}
-
-torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
-                                       const torch::Tensor& projected_keys,
-                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-                                       Path path) {
-  if (use_fused("d2l::AdditiveAttention", path, projected_queries.device())) {
-    return fused_additive(projected_queries, projected_keys, w_v, valid_lens, /*softmax=*/true);
-  }
-  const auto scores = additive_scores_nocheck(projected_queries, projected_keys, w_v, path);
-  return composite_masked_softmax(scores, valid_lens);
 }
 
 namespace {
 
-// Without dropout the fused kernel also multiplies by the values: the whole
-// op then runs on ATen's threads, with no bmm through OpenBLAS's pool
-// (README, "Two thread pools"). Dropout keeps weights, dropout, bmm.
-bool fused_through_values(const char* fn, const torch::Tensor& queries, const torch::Tensor& values,
-                          double dropout, bool training, Path path) {
-  if ((training && dropout > 0) || !use_fused(fn, path, queries.device())) return false;
-  TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
-                        values.device());
-  return true;
+// The weights by the scores' path (kFusedScores, kChunked or kComposite).
+torch::Tensor additive_weights(AdditivePath path, const torch::Tensor& projected_queries,
+                               const torch::Tensor& projected_keys, const torch::Tensor& w_v,
+                               const torch::Tensor& valid_lens) {
+  switch (path) {
+    case AdditivePath::kFusedScores:
+      return fused_additive(projected_queries, projected_keys, w_v, valid_lens, /*softmax=*/true);
+    case AdditivePath::kComposite:
+      return composite_masked_softmax(composite_scores(projected_queries, projected_keys, w_v),
+                                      valid_lens);
+    default:
+      return composite_masked_softmax(
+          chunked_additive_scores(projected_queries, projected_keys, w_v), valid_lens);
+  }
+}
+
+// Additive attention by `path` after the projections: (output, weights
+// before dropout).
+std::tuple<torch::Tensor, torch::Tensor> run_projected(
+    AdditivePath path, const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
+    const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+    double dropout, bool training) {
+  if (path == AdditivePath::kFusedValues) {
+    TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
+                          values.device());
+    return additive_values_autograd(projected_queries, projected_keys, values, w_v.reshape({-1}),
+                                    lengths_arg(valid_lens));
+  }
+  auto weights = additive_weights(path, projected_queries, projected_keys, w_v, valid_lens);
+  auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
+  return {std::move(output), std::move(weights)};
+}
+
+// The path, logged when D2L_LOG_PATH asks.
+AdditivePath choose_logged(const char* fn, AttentionBackend backend, const torch::Tensor& queries,
+                           double dropout, bool training, AdditiveStage stage) {
+  if (!logging_paths()) return choose_additive_path(fn, backend, queries, dropout, training, stage);
+  std::vector<std::string> reasons;
+  const auto path = choose_additive_path(fn, backend, queries, dropout, training, stage, &reasons);
+  log_path(fn, backend, to_string(path), reasons);
+  return path;
 }
 
 }  // namespace
 
+torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
+                                       const torch::Tensor& projected_keys,
+                                       const torch::Tensor& w_v, const torch::Tensor& valid_lens,
+                                       AttentionBackend backend) {
+  const auto path = choose_additive_path("d2l::AdditiveAttention", backend, projected_queries, 0.0,
+                                         false, AdditiveStage::kScores);
+  return additive_weights(path, projected_queries, projected_keys, w_v, valid_lens);
+}
+
 std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-    double dropout, bool training, Path path) {
-  if (fused_through_values("d2l::AdditiveAttention", projected_queries, values, dropout, training,
-                           path)) {
-    return additive_values_autograd(projected_queries, projected_keys, values, w_v.reshape({-1}),
-                                    lengths_arg(valid_lens));
-  }
-  auto weights = additive_weights_nocheck(projected_queries, projected_keys, w_v, valid_lens, path);
-  auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
-  return {std::move(output), std::move(weights)};
+    double dropout, bool training, AttentionBackend backend) {
+  const auto path = choose_logged("d2l::AdditiveAttention", backend, projected_queries, dropout,
+                                  training, AdditiveStage::kProjected);
+  return run_projected(path, projected_queries, projected_keys, values, w_v, valid_lens, dropout,
+                       training);
 }
 
 torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
@@ -126,34 +155,56 @@ void check_module_inputs(const char* fn, const AdditiveAttentionOptions& options
   check_same_dtype(fn, "W_q.weight", W_q, "queries", queries);
 }
 
-// functional::additive_attention, with messages naming `fn` (the function or
-// the module that was called); a module passes its options, checked after
-// the inputs' own shapes.
+namespace {
+
+// functional::additive_attention's checks, with messages naming `fn` (the
+// function or the module that was called); a module passes its options,
+// checked after the inputs' own shapes.
+void check_additive_attention(const char* fn, const AdditiveAttentionOptions* module_options,
+                              const torch::Tensor& queries, const torch::Tensor& keys,
+                              const torch::Tensor& values,
+                              const functional::AdditiveAttentionFuncOptions& o) {
+  check_qkv(fn, queries, keys, values, o.valid_lens());
+  if (module_options != nullptr) check_module_inputs(fn, *module_options, queries, keys, o.W_q());
+  check_floating(fn, "W_q", o.W_q(), 2);
+  const int64_t h = o.W_q().size(0);
+  check_linear_weight(fn, "W_q", o.W_q(), h, queries.size(2), "queries", queries);
+  check_linear_weight(fn, "W_k", o.W_k(), h, keys.size(2), "queries", queries);
+  check_linear_weight(fn, "w_v", o.w_v(), 1, h, "queries", queries);
+  check_dropout(fn, o.dropout());
+}
+
+}  // namespace
+
 std::tuple<torch::Tensor, torch::Tensor> additive_attention(
     const char* fn, const AdditiveAttentionOptions* module_options, const torch::Tensor& queries,
-    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& W_q,
-    const torch::Tensor& W_k, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-    double dropout, bool training, Path path, bool need_weights) {
-  check_qkv(fn, queries, keys, values, valid_lens);
-  if (module_options != nullptr) check_module_inputs(fn, *module_options, queries, keys, W_q);
-  check_floating(fn, "W_q", W_q, 2);
-  const int64_t h = W_q.size(0);
-  check_linear_weight(fn, "W_q", W_q, h, queries.size(2), "queries", queries);
-  check_linear_weight(fn, "W_k", W_k, h, keys.size(2), "queries", queries);
-  check_linear_weight(fn, "w_v", w_v, 1, h, "queries", queries);
-  check_dropout(fn, dropout);
-  // In float and double the projections join the kernel's autograd node.
-  const auto type = queries.scalar_type();
+    const torch::Tensor& keys, const torch::Tensor& values,
+    const functional::AdditiveAttentionFuncOptions& o) {
+  check_additive_attention(fn, module_options, queries, keys, values, o);
+  const auto path =
+      choose_logged(fn, o.backend(), queries, o.dropout(), o.training(), AdditiveStage::kFull);
   auto [output, weights] =
-      (type == torch::kFloat || type == torch::kDouble) &&
-              fused_through_values(fn, queries, values, dropout, training, path)
-          ? additive_projected_autograd(queries, keys, values, W_q, W_k, w_v,
-                                        lengths_arg(valid_lens))
-          : additive_attention_projected(linear(queries, W_q, {}, path),
-                                         linear(keys, W_k, {}, path), values, w_v, valid_lens,
-                                         dropout, training, path);
-  if (!need_weights) weights = torch::Tensor();
+      path == AdditivePath::kFusedProjections
+          ? additive_projected_autograd(queries, keys, values, o.W_q(), o.W_k(), o.w_v(),
+                                        lengths_arg(o.valid_lens()))
+          : run_projected(path, linear(queries, o.W_q(), {}, o.backend()),
+                          linear(keys, o.W_k(), {}, o.backend()), values, o.w_v(), o.valid_lens(),
+                          o.dropout(), o.training());
+  if (!o.need_weights()) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
+}
+
+PathExplanation explain_additive_attention(const char* fn,
+                                           const AdditiveAttentionOptions* module_options,
+                                           const torch::Tensor& queries, const torch::Tensor& keys,
+                                           const torch::Tensor& values,
+                                           const functional::AdditiveAttentionFuncOptions& o) {
+  check_additive_attention(fn, module_options, queries, keys, values, o);
+  PathExplanation explanation{fn, o.backend(), {}, {}};
+  explanation.path =
+      to_string(choose_additive_path(fn, o.backend(), queries, o.dropout(), o.training(),
+                                     AdditiveStage::kFull, &explanation.reasons));
+  return explanation;
 }
 
 }  // namespace detail
@@ -162,7 +213,7 @@ namespace functional {
 
 torch::Tensor additive_scores(const torch::Tensor& projected_queries,
                               const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                              Path path) {
+                              const AdditiveScoresFuncOptions& options) {
   constexpr const char* fn = "d2l::additive_scores";
   detail::check_floating(fn, "projected_queries", projected_queries, 3);
   detail::check_floating(fn, "projected_keys", projected_keys, 3);
@@ -180,18 +231,28 @@ torch::Tensor additive_scores(const torch::Tensor& projected_queries,
   detail::check_same_dtype(fn, "projected_queries", projected_queries, "projected_keys",
                            projected_keys);
   detail::check_same_dtype(fn, "projected_queries", projected_queries, "w_v", w_v);
-  return detail::additive_scores_nocheck(projected_queries, projected_keys, w_v, path);
+  return detail::additive_scores_nocheck(projected_queries, projected_keys, w_v, options.backend());
 }
+
+AdditiveAttentionFuncOptions::AdditiveAttentionFuncOptions(torch::Tensor W_q, torch::Tensor W_k,
+                                                           torch::Tensor w_v)
+    : W_q_(std::move(W_q)), W_k_(std::move(W_k)), w_v_(std::move(w_v)) {}
 
 std::tuple<torch::Tensor, torch::Tensor> additive_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
-    const torch::Tensor& valid_lens, double dropout, bool training, Path path, bool need_weights) {
-  return detail::additive_attention("d2l::additive_attention", nullptr, queries, keys, values, W_q,
-                                    W_k, w_v, valid_lens, dropout, training, path, need_weights);
+    const AdditiveAttentionFuncOptions& options) {
+  return detail::additive_attention("d2l::additive_attention", nullptr, queries, keys, values,
+                                    options);
 }
 
 }  // namespace functional
+
+PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values,
+                             const functional::AdditiveAttentionFuncOptions& options) {
+  return detail::explain_additive_attention("d2l::additive_attention", nullptr, queries, keys,
+                                            values, options);
+}
 
 AdditiveAttentionOptions::AdditiveAttentionOptions(int64_t key_size, int64_t query_size,
                                                    int64_t num_hiddens)
@@ -233,16 +294,48 @@ void AdditiveAttentionImpl::pretty_print(std::ostream& stream) const {
       options.key_size(), options.query_size(), options.num_hiddens(), options.dropout());
 }
 
+namespace {
+
+// What forward runs: the module's weights, the registered dropout module's
+// p and mode (as in the book) and its options.
+functional::AdditiveAttentionFuncOptions module_call(const AdditiveAttentionImpl& module,
+                                                     const torch::Tensor& valid_lens,
+                                                     bool need_weights) {
+  return functional::AdditiveAttentionFuncOptions(module.W_q->weight, module.W_k->weight,
+                                                  module.w_v->weight)
+      .valid_lens(valid_lens)
+      .dropout(module.dropout->options.p())
+      .training(module.dropout->is_training())
+      .backend(module.options.backend())
+      .need_weights(need_weights);
+}
+
+}  // namespace
+
 torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& keys, const torch::Tensor& values,
                                              const torch::Tensor& valid_lens) {
-  // The registered dropout module decides, as in the book (its p and mode).
-  auto [output, weights] = detail::additive_attention(
-      "d2l::AdditiveAttention", &options, queries, keys, values, W_q->weight, W_k->weight,
-      w_v->weight, valid_lens, dropout->options.p(), dropout->is_training(), options.path(),
-      options.record_attention_weights());
-  if (options.record_attention_weights()) detail::record_weights(attention_weights, weights);
+  const bool record = options.record_attention_weights();
+  auto [output, weights] =
+      detail::additive_attention("d2l::AdditiveAttention", &options, queries, keys, values,
+                                 module_call(*this, valid_lens, record));
+  if (record) detail::record_weights(attention_weights, weights);
   return output;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> AdditiveAttentionImpl::forward_with_weights(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens) {
+  return detail::additive_attention("d2l::AdditiveAttention", &options, queries, keys, values,
+                                    module_call(*this, valid_lens, /*need_weights=*/true));
+}
+
+PathExplanation AdditiveAttentionImpl::explain_path(const torch::Tensor& queries,
+                                                    const torch::Tensor& keys,
+                                                    const torch::Tensor& values,
+                                                    const torch::Tensor& valid_lens) const {
+  return detail::explain_additive_attention("d2l::AdditiveAttention", &options, queries, keys,
+                                            values, module_call(*this, valid_lens, true));
 }
 
 torch::Tensor AdditiveAttentionImpl::last_attention_weights() const {

@@ -17,13 +17,13 @@ namespace d2l::detail {
 /// functional::additive_scores without the argument checks.
 torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
                                       const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                                      Path path = Path::kAuto);
+                                      AttentionBackend backend = AttentionBackend::kAuto);
 
-/// Masked softmax of the additive scores, by the path `path` asks for.
+/// Masked softmax of the additive scores, by the the backend asks for.
 torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
                                        const torch::Tensor& projected_keys,
                                        const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-                                       Path path = Path::kAuto);
+                                       AttentionBackend backend = AttentionBackend::kAuto);
 
 /// Additive attention after the checks and the projections: (output, weights
 /// before dropout). Apart so that a decoder can project its keys once per
@@ -31,7 +31,7 @@ torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
 std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-    double dropout, bool training, Path path);
+    double dropout, bool training, AttentionBackend backend);
 
 /// Additive scores by blocks of queries with ATen ops (any device), backward
 /// recomputing tanh: memory stays bounded by a block's features.

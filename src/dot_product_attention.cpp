@@ -27,7 +27,7 @@ namespace detail {
 
 namespace {
 
-// LibTorch's SDPA with our masking contract (Path::kSdpa). `range` is the
+// LibTorch's SDPA with our masking contract (AttentionBackend::kSdpa). `range` is the
 // lengths' (checked) range: it lets the mask go where it masks nothing and
 // the keys past the longest length go without reading the device again.
 torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& keys,
@@ -102,11 +102,11 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
-    const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-    const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const std::optional<LengthRange>& range, double dropout, bool training, Path path,
-    bool need_weights) {
+namespace {
+
+// The checks of dot_product_attention after check_qkv.
+void check_features_and_dropout(const char* fn, const torch::Tensor& queries,
+                                const torch::Tensor& keys, double dropout) {
   TORCH_CHECK(queries.size(2) == keys.size(2),
               fmt::format("{}: queries and keys must have the same feature size, got queries {} "
                           "and keys {}",
@@ -117,8 +117,33 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
                           "scaled by 1/sqrt(d)), got queries {} and keys {}",
                           fn, detail::shape_of(queries), detail::shape_of(keys)));
   check_dropout(fn, dropout);
-  const auto chosen =
-      choose_dot_product_path(fn, path, queries, keys, values, dropout, training, need_weights);
+}
+
+}  // namespace
+
+PathExplanation explain_dot_product_attention(const char* fn, const torch::Tensor& queries,
+                                              const torch::Tensor& keys,
+                                              const torch::Tensor& values, double dropout,
+                                              bool training, AttentionBackend backend,
+                                              bool need_weights) {
+  check_features_and_dropout(fn, queries, keys, dropout);
+  PathExplanation explanation{fn, backend, {}, {}};
+  explanation.path = to_string(choose_dot_product_path(
+      fn, backend, queries, keys, values, dropout, training, need_weights, &explanation.reasons));
+  return explanation;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
+    const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+    const torch::Tensor& values, const torch::Tensor& valid_lens,
+    const std::optional<LengthRange>& range, double dropout, bool training,
+    AttentionBackend backend, bool need_weights) {
+  check_features_and_dropout(fn, queries, keys, dropout);
+  std::vector<std::string> reasons;
+  const bool log = logging_paths();
+  const auto chosen = choose_dot_product_path(fn, backend, queries, keys, values, dropout, training,
+                                              need_weights, log ? &reasons : nullptr);
+  if (log) log_path(fn, backend, to_string(chosen), reasons);
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
   switch (chosen) {
     case DotProductPath::kSdpa:
@@ -145,14 +170,25 @@ namespace functional {
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, double dropout, bool training, Path path, bool need_weights) {
+    const DotProductAttentionFuncOptions& options) {
   constexpr const char* fn = "d2l::dot_product_attention";
-  const auto range = detail::check_qkv(fn, queries, keys, values, valid_lens);
-  return detail::dot_product_attention(fn, queries, keys, values, valid_lens, range, dropout,
-                                       training, path, need_weights);
+  const auto range = detail::check_qkv(fn, queries, keys, values, options.valid_lens());
+  return detail::dot_product_attention(fn, queries, keys, values, options.valid_lens(), range,
+                                       options.dropout(), options.training(), options.backend(),
+                                       options.need_weights());
 }
 
 }  // namespace functional
+
+PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values,
+                             const functional::DotProductAttentionFuncOptions& options) {
+  constexpr const char* fn = "d2l::dot_product_attention";
+  detail::check_qkv(fn, queries, keys, values, options.valid_lens());
+  return detail::explain_dot_product_attention(fn, queries, keys, values, options.dropout(),
+                                               options.training(), options.backend(),
+                                               options.need_weights());
+}
 
 DotProductAttentionImpl::DotProductAttentionImpl(double dropout)
     : DotProductAttentionImpl(DotProductAttentionOptions().dropout(dropout)) {}
@@ -171,15 +207,47 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << fmt::format("d2l::DotProductAttention(dropout={})", options.dropout());
 }
 
+namespace {
+
+// What forward runs: the registered dropout module's p and mode (as in the
+// book) and the module's options.
+functional::DotProductAttentionFuncOptions module_call(const DotProductAttentionImpl& module,
+                                                       const torch::Tensor& valid_lens,
+                                                       bool need_weights) {
+  return functional::DotProductAttentionFuncOptions()
+      .valid_lens(valid_lens)
+      .dropout(module.dropout->options.p())
+      .training(module.dropout->is_training())
+      .backend(module.options.backend())
+      .need_weights(need_weights);
+}
+
+}  // namespace
+
 torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& keys,
                                                const torch::Tensor& values,
                                                const torch::Tensor& valid_lens) {
+  const bool record = options.record_attention_weights();
   auto [output, weights] = functional::dot_product_attention(
-      queries, keys, values, valid_lens, dropout->options.p(), dropout->is_training(),
-      options.path(), /*need_weights=*/options.record_attention_weights());
-  if (options.record_attention_weights()) detail::record_weights(attention_weights, weights);
+      queries, keys, values, module_call(*this, valid_lens, record));
+  if (record) detail::record_weights(attention_weights, weights);
   return output;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> DotProductAttentionImpl::forward_with_weights(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens) {
+  return functional::dot_product_attention(queries, keys, values,
+                                           module_call(*this, valid_lens, /*need_weights=*/true));
+}
+
+PathExplanation DotProductAttentionImpl::explain_path(const torch::Tensor& queries,
+                                                      const torch::Tensor& keys,
+                                                      const torch::Tensor& values,
+                                                      const torch::Tensor& valid_lens) const {
+  return d2l::explain_path(queries, keys, values,
+                           module_call(*this, valid_lens, options.record_attention_weights()));
 }
 
 torch::Tensor DotProductAttentionImpl::last_attention_weights() const {

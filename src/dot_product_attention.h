@@ -22,8 +22,16 @@ namespace d2l::detail {
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
     const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const std::optional<LengthRange>& range, double dropout, bool training, Path path,
-    bool need_weights);
+    const std::optional<LengthRange>& range, double dropout, bool training,
+    AttentionBackend backend, bool need_weights);
+
+/// explain_path for dot-product attention after check_qkv, with the same
+/// checks and errors as dot_product_attention.
+PathExplanation explain_dot_product_attention(const char* fn, const torch::Tensor& queries,
+                                              const torch::Tensor& keys,
+                                              const torch::Tensor& values, double dropout,
+                                              bool training, AttentionBackend backend,
+                                              bool need_weights);
 
 /// {softmax(scale · Q Kᵀ, masked by valid_lens) V, weights} by the flash CPU
 /// kernel (Note [Flash attention]). Without need_weights the weights are

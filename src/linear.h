@@ -28,9 +28,10 @@ torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b);
 /// y = x Wᵀ (+ b), the same as torch::nn::functional::linear (the same
 /// checks and errors, gradients and double backward), split over threads
 /// where linear_splits_over_threads says so: forward and input gradient by
-/// rows of x, the weight gradient by rows of W. Path::kComposite keeps
+/// rows of x, the weight gradient by rows of W. AttentionBackend::kComposite keeps
 /// functional::linear, the book's op, always.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W,
-                     const torch::Tensor& b = torch::Tensor(), Path path = Path::kAuto);
+                     const torch::Tensor& b = torch::Tensor(),
+                     AttentionBackend backend = AttentionBackend::kAuto);
 
 }  // namespace d2l::detail

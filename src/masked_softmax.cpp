@@ -60,8 +60,8 @@ torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tens
 }
 
 torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor& valid_lens,
-                                     Path path) {
-  return use_fused("d2l::masked_softmax", path, X.device())
+                                     AttentionBackend backend) {
+  return use_fused("d2l::masked_softmax", backend, X.device())
              ? fused_masked_softmax(X, valid_lens)
              : composite_masked_softmax(X, valid_lens);
 }
@@ -107,9 +107,10 @@ torch::Tensor fused_masked_softmax_consuming(torch::Tensor X, const torch::Tenso
 
 }  // namespace detail
 
-torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens, Path path) {
+torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens,
+                             AttentionBackend backend) {
   detail::check_masked_softmax_args("d2l::masked_softmax", X, valid_lens);
-  return detail::masked_softmax_nocheck(X, valid_lens, path);
+  return detail::masked_softmax_nocheck(X, valid_lens, backend);
 }
 
 }  // namespace d2l

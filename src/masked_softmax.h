@@ -18,7 +18,7 @@ torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tens
 
 /// d2l::masked_softmax without the argument checks.
 torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor& valid_lens,
-                                     Path path = Path::kAuto);
+                                     AttentionBackend backend = AttentionBackend::kAuto);
 
 /// The fused CPU masked softmax of softmax(scale * X), autograd-aware.
 torch::Tensor fused_masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens,

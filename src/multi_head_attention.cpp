@@ -119,7 +119,9 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
   detail::check_dropout(fn, o.dropout());
   const auto project = [&o](const torch::Tensor& x, const torch::Tensor& W,
-                            const torch::Tensor& b) { return detail::linear(x, W, b, o.path()); };
+                            const torch::Tensor& b) {
+    return detail::linear(x, W, b, o.backend());
+  };
   // Head b * heads + i belongs to batch element b: each length is repeated per head.
   const auto lens =
       valid_lens.defined() ? valid_lens.repeat_interleave(heads, /*dim=*/0) : valid_lens;
@@ -131,7 +133,7 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
       "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
       transpose_qkv(project(values, o.W_v(), o.b_v()), heads), lens, range, o.dropout(),
-      o.training(), o.path(), o.need_weights());
+      o.training(), o.backend(), o.need_weights());
   return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
 
@@ -209,7 +211,7 @@ void MultiHeadAttentionImpl::reset() {
       "attention",
       DotProductAttention(DotProductAttentionOptions()
                               .dropout(options.dropout())
-                              .path(options.path())
+                              .backend(options.backend())
                               .record_attention_weights(options.record_attention_weights())));
   W_q = register_module("W_q", Linear(LinearOptions(options.query_size(), h).bias(bias)));
   W_k = register_module("W_k", Linear(LinearOptions(options.key_size(), h).bias(bias)));
@@ -225,28 +227,44 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
       options.num_heads(), options.dropout(), options.bias());
 }
 
+namespace {
+
+// What forward runs: the module's weights, and the dropout and options of
+// its inner `attention`.
+functional::MultiHeadAttentionFuncOptions module_call(const MultiHeadAttentionImpl& module,
+                                                      bool need_weights) {
+  return functional::MultiHeadAttentionFuncOptions(module.options.num_heads(), module.W_q->weight,
+                                                   module.W_k->weight, module.W_v->weight,
+                                                   module.W_o->weight)
+      .b_q(module.W_q->bias)
+      .b_k(module.W_k->bias)
+      .b_v(module.W_v->bias)
+      .b_o(module.W_o->bias)
+      .dropout(module.attention->dropout->options.p())
+      .training(module.attention->dropout->is_training())
+      .backend(module.attention->options.backend())
+      .need_weights(need_weights);
+}
+
+}  // namespace
+
 torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& keys,
                                               const torch::Tensor& values,
                                               const torch::Tensor& valid_lens) {
-  const auto& inner = attention->options;
-  const auto func_options =
-      functional::MultiHeadAttentionFuncOptions(options.num_heads(), W_q->weight, W_k->weight,
-                                                W_v->weight, W_o->weight)
-          .b_q(W_q->bias)
-          .b_k(W_k->bias)
-          .b_v(W_v->bias)
-          .b_o(W_o->bias)
-          .dropout(attention->dropout->options.p())
-          .training(attention->dropout->is_training())
-          .path(inner.path())
-          .need_weights(inner.record_attention_weights());
-  auto [output, weights] = checked_multi_head_attention(
-      "d2l::MultiHeadAttention", &options, queries, keys, values, valid_lens, func_options);
-  if (inner.record_attention_weights()) {
-    detail::record_weights(attention->attention_weights, std::move(weights));
-  }
+  const bool record = attention->options.record_attention_weights();
+  auto [output, weights] =
+      checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
+                                   valid_lens, module_call(*this, record));
+  if (record) detail::record_weights(attention->attention_weights, std::move(weights));
   return output;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const torch::Tensor& valid_lens) {
+  return checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
+                                      valid_lens, module_call(*this, /*need_weights=*/true));
 }
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {

@@ -6,16 +6,26 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 namespace d2l {
 
-std::string to_string(Path path) {
-  switch (path) {
-    case Path::kAuto: return "auto";
-    case Path::kComposite: return "composite";
-    case Path::kFused: return "fused";
-    case Path::kSdpa: return "sdpa";
+std::string to_string(AttentionBackend backend) {
+  switch (backend) {
+    case AttentionBackend::kAuto: return "auto";
+    case AttentionBackend::kComposite: return "composite";
+    case AttentionBackend::kFused: return "fused";
+    case AttentionBackend::kSdpa: return "sdpa";
   }
-  return fmt::format("Path({})", static_cast<int>(path));
+  return fmt::format("AttentionBackend({})", static_cast<int>(backend));
+}
+
+std::string PathExplanation::to_string() const {
+  auto line = fmt::format("{} (backend {}): {}", op, d2l::to_string(backend), path);
+  for (const auto& reason : reasons) line += "; " + reason;
+  return line;
 }
 
 namespace detail {
@@ -26,52 +36,176 @@ bool non_empty(const torch::Tensor& queries, const torch::Tensor& keys,
   return queries.numel() > 0 && keys.numel() > 0 && values.numel() > 0;
 }
 
-}  // namespace
-
-bool use_fused(const char* fn, Path path, const c10::Device& device) {
-  TORCH_CHECK(path != Path::kSdpa,
-              fmt::format("{}: Path::kSdpa (LibTorch's scaled_dot_product_attention) is only for "
-                          "dot-product attention (DotProductAttention, MultiHeadAttention); use "
-                          "Path::kAuto, kFused or kComposite here",
-                          fn));
-  TORCH_CHECK(path != Path::kFused || device.is_cpu(),
-              fmt::format("{}: Path::kFused runs on the CPU, got tensors on {}; use Path::kAuto "
-                          "to pick a path for the device",
-                          fn, device.str()));
-  return path != Path::kComposite && device.is_cpu();
+// Appends "<path>: <why>" for each of `paths` when the caller asked why.
+void refuse(std::vector<std::string>* reasons, std::initializer_list<const char*> paths,
+            const std::string& why) {
+  if (reasons == nullptr) return;
+  for (const char* path : paths) reasons->push_back(fmt::format("{}: {}", path, why));
 }
 
-// Path::kAuto runs dot-product attention that draws no dropout with the flash
-// kernel on the CPU: it skips the padding that valid lengths mark, never
-// builds the (B, n, m) scores when no weights are asked, and calls no BLAS,
-// whose own thread pool fights OpenMP's (README, "Choosing a path", and
-// `make bench-sdpa`). On CUDA, without weights, it runs LibTorch's SDPA (2.1+).
-DotProductPath choose_dot_product_path(const char* fn, Path path, const torch::Tensor& queries,
-                                       const torch::Tensor& keys, const torch::Tensor& values,
-                                       double dropout, bool training, bool need_weights) {
+std::string off_cpu(const torch::Tensor& t) {
+  return fmt::format("tensors on {} (the fused kernels run on the CPU)", t.device().str());
+}
+
+constexpr const char* kCompositeAsked = "AttentionBackend::kComposite asks for the book's ops";
+constexpr const char* kTrainingDropout = "dropout {} in training";
+
+}  // namespace
+
+bool use_fused(const char* fn, AttentionBackend backend, const c10::Device& device) {
+  TORCH_CHECK(backend != AttentionBackend::kSdpa,
+              fmt::format("{}: AttentionBackend::kSdpa (LibTorch's scaled_dot_product_attention) "
+                          "is only for dot-product attention (DotProductAttention, "
+                          "MultiHeadAttention); set the backend to AttentionBackend::kAuto, "
+                          "kFused or kComposite here",
+                          fn));
+  TORCH_CHECK(backend != AttentionBackend::kFused || device.is_cpu(),
+              fmt::format("{}: AttentionBackend::kFused runs on the CPU, got tensors on {}; set "
+                          "the backend to AttentionBackend::kAuto to pick a path for the device",
+                          fn, device.str()));
+  return backend != AttentionBackend::kComposite && device.is_cpu();
+}
+
+const char* to_string(DotProductPath path) {
+  switch (path) {
+    case DotProductPath::kComposite: return "composite";
+    case DotProductPath::kFusedSoftmax: return "fused_softmax";
+    case DotProductPath::kFlash: return "flash";
+    case DotProductPath::kSdpa: return "sdpa";
+  }
+  return "?";
+}
+
+// AttentionBackend::kAuto runs dot-product attention that draws no dropout
+// with the flash kernel on the CPU: it skips the padding that valid lengths
+// mark, never builds the (B, n, m) scores when no weights are asked, and
+// calls no BLAS, whose own thread pool fights OpenMP's (docs/api.md,
+// "Choosing a backend", and `make bench-sdpa`). On CUDA, without weights, it
+// runs LibTorch's SDPA (2.1+).
+DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
+                                       const torch::Tensor& queries, const torch::Tensor& keys,
+                                       const torch::Tensor& values, double dropout, bool training,
+                                       bool need_weights, std::vector<std::string>* reasons) {
+  const bool drops = training && dropout > 0;
+  const bool empty = !non_empty(queries, keys, values);
   // Empty sizes take the softmax paths, which keep the autograd graph; the
   // flash kernel draws no dropout.
-  const bool flash_eligible = !(training && dropout > 0) && non_empty(queries, keys, values);
-  if (path == Path::kSdpa) {
+  const auto why_not_flash = [&](std::initializer_list<const char*> paths) {
+    if (drops)
+      refuse(reasons, paths,
+             fmt::format(kTrainingDropout, dropout) + " (no dropout in the kernel)");
+    if (empty) refuse(reasons, paths, "a size is zero (the softmax paths keep the autograd graph)");
+  };
+  if (backend == AttentionBackend::kSdpa) {
     TORCH_CHECK(D2L_HAS_SDPA,
-                fmt::format("{}: Path::kSdpa needs LibTorch 2.1 or newer "
+                fmt::format("{}: AttentionBackend::kSdpa needs LibTorch 2.1 or newer "
                             "(at::scaled_dot_product_attention); this build of d2l_attention "
                             "uses LibTorch {}",
                             fn, torch_version()));
     TORCH_CHECK(!need_weights,
-                fmt::format("{}: Path::kSdpa returns no attention weights; call it with "
-                            "need_weights=false (DotProductAttentionOptions::"
+                fmt::format("{}: AttentionBackend::kSdpa returns no attention weights; call it "
+                            "with need_weights=false (DotProductAttentionOptions::"
                             "record_attention_weights(false) in the modules)",
                             fn));
-    return non_empty(queries, keys, values) ? DotProductPath::kSdpa : DotProductPath::kComposite;
+    if (!empty) return DotProductPath::kSdpa;
+    refuse(reasons, {"sdpa"}, "a size is zero (the composite path keeps the autograd graph)");
+    return DotProductPath::kComposite;
   }
-  if (use_fused(fn, path, queries.device())) {
-    return flash_eligible ? DotProductPath::kFlash : DotProductPath::kFusedSoftmax;
+  if (use_fused(fn, backend, queries.device())) {
+    if (!drops && !empty) return DotProductPath::kFlash;
+    why_not_flash({"flash"});
+    return DotProductPath::kFusedSoftmax;
   }
-  // Dropout keeps its semantics (and random stream) on our own paths.
-  const bool sdpa =
-      path == Path::kAuto && D2L_HAS_SDPA && queries.is_cuda() && flash_eligible && !need_weights;
-  return sdpa ? DotProductPath::kSdpa : DotProductPath::kComposite;
+  if (backend == AttentionBackend::kComposite) {
+    refuse(reasons, {"flash", "sdpa", "fused_softmax"}, kCompositeAsked);
+    return DotProductPath::kComposite;
+  }
+  // kAuto off the CPU. Dropout keeps its semantics (and random stream) on
+  // our own paths.
+  if (D2L_HAS_SDPA && queries.is_cuda() && !drops && !empty && !need_weights) {
+    return DotProductPath::kSdpa;
+  }
+  if (!D2L_HAS_SDPA) {
+    refuse(reasons, {"sdpa"},
+           fmt::format("LibTorch {} has no scaled_dot_product_attention (2.1+)", torch_version()));
+  } else if (!queries.is_cuda()) {
+    refuse(reasons, {"sdpa"},
+           fmt::format("AttentionBackend::kAuto runs it on CUDA only, got tensors on {}",
+                       queries.device().str()));
+  } else {
+    if (drops) {
+      refuse(reasons, {"sdpa"},
+             fmt::format(kTrainingDropout, dropout) +
+                 " (SDPA draws from its own random stream; AttentionBackend::kSdpa accepts that)");
+    }
+    if (empty)
+      refuse(reasons, {"sdpa"}, "a size is zero (the composite path keeps the autograd graph)");
+    if (need_weights) refuse(reasons, {"sdpa"}, "attention weights asked for (SDPA returns none)");
+  }
+  refuse(reasons, {"flash", "fused_softmax"}, off_cpu(queries));
+  return DotProductPath::kComposite;
+}
+
+const char* to_string(AdditivePath path) {
+  switch (path) {
+    case AdditivePath::kFusedProjections: return "fused_projections";
+    case AdditivePath::kFusedValues: return "fused_values";
+    case AdditivePath::kFusedScores: return "fused_scores";
+    case AdditivePath::kChunked: return "chunked";
+    case AdditivePath::kComposite: return "composite";
+  }
+  return "?";
+}
+
+// The fused kernel multiplies by the values too when no dropout is drawn: the
+// whole op then runs on ATen's threads, with no bmm through OpenBLAS's pool
+// (docs/performance.md, "Two thread pools"); in float and double the
+// projections join its autograd node. Dropout keeps weights, dropout, bmm.
+AdditivePath choose_additive_path(const char* fn, AttentionBackend backend,
+                                  const torch::Tensor& queries, double dropout, bool training,
+                                  AdditiveStage stage, std::vector<std::string>* reasons) {
+  if (!use_fused(fn, backend, queries.device())) {
+    const auto why =
+        backend == AttentionBackend::kComposite ? std::string(kCompositeAsked) : off_cpu(queries);
+    if (stage == AdditiveStage::kFull) refuse(reasons, {"fused_projections"}, why);
+    if (stage != AdditiveStage::kScores) refuse(reasons, {"fused_values"}, why);
+    refuse(reasons, {"fused_scores"}, why);
+    if (backend != AttentionBackend::kComposite) return AdditivePath::kChunked;
+    refuse(reasons, {"chunked"}, kCompositeAsked);
+    return AdditivePath::kComposite;
+  }
+  if (stage == AdditiveStage::kScores) return AdditivePath::kFusedScores;
+  if (training && dropout > 0) {
+    refuse(reasons,
+           stage == AdditiveStage::kFull
+               ? std::initializer_list<const char*>{"fused_projections", "fused_values"}
+               : std::initializer_list<const char*>{"fused_values"},
+           fmt::format(kTrainingDropout, dropout) + " (drawn on the weights before the values)");
+    return AdditivePath::kFusedScores;
+  }
+  if (stage == AdditiveStage::kProjected) {
+    refuse(reasons, {"fused_projections"}, "the caller projected the queries and keys");
+    return AdditivePath::kFusedValues;
+  }
+  const auto type = queries.scalar_type();
+  if (type == torch::kFloat || type == torch::kDouble) return AdditivePath::kFusedProjections;
+  refuse(reasons, {"fused_projections"},
+         fmt::format("dtype {} (float and double only)", c10::toString(type)));
+  return AdditivePath::kFusedValues;
+}
+
+bool logging_paths() {
+  static const bool on = [] {
+    const char* value = std::getenv("D2L_LOG_PATH");
+    return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+  }();
+  return on;
+}
+
+void log_path(const char* fn, AttentionBackend backend, const char* path,
+              const std::vector<std::string>& reasons) {
+  const auto line = PathExplanation{fn, backend, path, reasons}.to_string();
+  std::fprintf(stderr, "[d2l] %s\n", line.c_str());
 }
 
 }  // namespace detail

@@ -262,7 +262,7 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
     auto [context, step_weights] = detail::additive_attention_projected(
         attention->W_q(query), state.projected_keys, state.enc_outputs, attention->w_v->weight,
         state.enc_valid_lens, attention->dropout->options.p(), attention->dropout->is_training(),
-        attention->options.path());
+        attention->options.backend());
     if (attention->options.record_attention_weights()) {
       detail::record_weights(attention->attention_weights, step_weights);
     }

@@ -1,6 +1,6 @@
 #pragma once
 
-// Shared by the fast-path test files (test_fused.cpp, test_flash_attention.cpp,
+// Shared by the fast-path test files (test_fused*.cpp, test_flash_attention*.cpp,
 // test_training_dropout.cpp): a fixture that runs a test once per instruction
 // set (skipped, with the reason, where this machine cannot run it), the
 // tolerances of each dtype against the composite oracle, and forward and
@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <d2l/additive_attention.h>
 #include <d2l/backend.h>
 
 #include <functional>
@@ -81,6 +82,39 @@ inline void expect_close(const std::vector<torch::Tensor>& fused,
     EXPECT_LT(max_rel_error(fused[i], ref[i]), i == 0 ? tol.forward : tol.backward)
         << what << " output " << i << " (" << c10::toString(tol.dtype) << ")";
   }
+}
+
+// Additive attention through the values (the fused kernel's forward_values
+// and backward_values, taken whenever no dropout is drawn): output, weights
+// and the gradients of queries, keys, values and the three weights, for a
+// loss on the output, on the weights, or on both.
+enum class AdditiveLoss { kOutput, kWeights, kBoth };
+
+inline std::vector<torch::Tensor> additive_through_values(const std::vector<torch::Tensor>& inputs,
+                                                          const torch::Tensor& lens,
+                                                          AttentionBackend path, AdditiveLoss loss,
+                                                          const torch::Tensor& G_out,
+                                                          const torch::Tensor& G_weights) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().clone().requires_grad_());
+  auto [out, weights] = d2l::functional::additive_attention(
+      leaves[0], leaves[1], leaves[2],
+      d2l::functional::AdditiveAttentionFuncOptions(leaves[3], leaves[4], leaves[5])
+          .valid_lens(lens)
+          .dropout(0.0)
+          .training(false)
+          .backend(path));
+  torch::Tensor total = torch::zeros({}, out.options());
+  if (loss != AdditiveLoss::kWeights) total = total + (out * G_out.to(out.scalar_type())).sum();
+  if (loss != AdditiveLoss::kOutput) {
+    total = total + (weights * G_weights.to(weights.scalar_type())).sum();
+  }
+  total.backward();
+  std::vector<torch::Tensor> result{out.detach(), weights.detach()};
+  for (const auto& t : leaves) {
+    result.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+  }
+  return result;
 }
 
 }  // namespace d2l::testing

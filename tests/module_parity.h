@@ -3,7 +3,7 @@
 // Parity of a module with a fixture written by the book's PyTorch code
 // (tests/fixtures/generate_fixtures.py): the fixture's parameters loaded by
 // state_dict key, outputs and gradients compared in the fixture's dtype.
-// Shared by test_nadaraya_watson.cpp and test_multi_head_attention.cpp.
+// Shared by test_nadaraya_watson.cpp and test_multi_head_attention*.cpp.
 
 #include <fmt/format.h>
 

@@ -16,9 +16,16 @@ namespace d2l::testing {
 
 inline std::tuple<torch::Tensor, torch::Tensor> dot(const torch::Tensor& q, const torch::Tensor& k,
                                                     const torch::Tensor& v,
-                                                    const torch::Tensor& lens, Path path,
+                                                    const torch::Tensor& lens,
+                                                    AttentionBackend path,
                                                     bool need_weights = false) {
-  return d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, path, need_weights);
+  return d2l::functional::dot_product_attention(q, k, v,
+                                                d2l::functional::DotProductAttentionFuncOptions()
+                                                    .valid_lens(lens)
+                                                    .dropout(0.0)
+                                                    .training(false)
+                                                    .backend(path)
+                                                    .need_weights(need_weights));
 }
 
 inline std::vector<torch::Tensor> length_cases(int64_t B, int64_t n, int64_t m) {

@@ -190,14 +190,24 @@ TEST(AdditiveAttention, ForwardIsTheFunctionalFormWithTheModuleWeights) {
     torch::manual_seed(5);
     const auto out = a(q, k, v, lens);
     torch::manual_seed(5);
-    const auto [f_out, f_weights] = d2l::functional::additive_attention(
-        q, k, v, a->W_q->weight, a->W_k->weight, a->w_v->weight, lens, 0.3, training);
+    const auto [f_out, f_weights] =
+        d2l::functional::additive_attention(q, k, v,
+                                            d2l::functional::AdditiveAttentionFuncOptions(
+                                                a->W_q->weight, a->W_k->weight, a->w_v->weight)
+                                                .valid_lens(lens)
+                                                .dropout(0.3)
+                                                .training(training));
     EXPECT_TRUE(torch::equal(out, f_out)) << "training=" << training;
     EXPECT_TRUE(torch::equal(a->attention_weights, f_weights)) << "training=" << training;
   }
   const auto [no_weights_out, none] = d2l::functional::additive_attention(
-      q, k, v, a->W_q->weight, a->W_k->weight, a->w_v->weight, lens, 0.0, false,
-      d2l::Path::kComposite, /*need_weights=*/false);
+      q, k, v,
+      d2l::functional::AdditiveAttentionFuncOptions(a->W_q->weight, a->W_k->weight, a->w_v->weight)
+          .valid_lens(lens)
+          .dropout(0.0)
+          .training(false)
+          .backend(d2l::AttentionBackend::kComposite)
+          .need_weights(false));
   EXPECT_FALSE(none.defined());
   a->eval();
   EXPECT_LT(max_rel_error(no_weights_out, a(q, k, v, lens)), 1e-5);
@@ -209,7 +219,9 @@ TEST(AdditiveAttention, FunctionalFormRejectsBadWeightsAndDropout) {
   const std::string fn = "d2l::additive_attention: ";
   auto run = [&](const torch::Tensor& wq, const torch::Tensor& wk, const torch::Tensor& wv,
                  double dropout = 0.0) {
-    d2l::functional::additive_attention(q, k, v, wq, wk, wv, {}, dropout, true);
+    d2l::functional::additive_attention(
+        q, k, v,
+        d2l::functional::AdditiveAttentionFuncOptions(wq, wk, wv).dropout(dropout).training(true));
   };
   EXPECT_THAT(error_message([&] {
                 run(torch::randn({7, 4}), W_k, w_v);
@@ -242,6 +254,22 @@ TEST(AdditiveAttention, RunsOnCudaWhenAvailable) {
   EXPECT_LT(max_rel_error(out.cpu(), expected), 1e-5);
   EXPECT_THAT(error_message([&] { attention(q, k, v); }),
               HasSubstr("queries must be on the same device as W_q.weight (cuda:0), got cpu"));
+}
+
+// forward_with_weights returns what forward records, with the graph, and
+// leaves the recorded weights alone, recording on or off.
+TEST(AdditiveAttention, ForwardWithWeightsLeavesTheRecordedWeightsAlone) {
+  const auto q = torch::randn({2, 4, 3}), k = torch::randn({2, 6, 5}), v = torch::randn({2, 6, 2});
+  const auto lens = torch::tensor({1, 6});
+  for (bool record : {true, false}) {
+    d2l::AdditiveAttention a(
+        d2l::AdditiveAttentionOptions(5, 3, 7).record_attention_weights(record));
+    const auto [out, weights] = a->forward_with_weights(q, k, v, lens);
+    EXPECT_FALSE(a->attention_weights.defined()) << record;
+    EXPECT_TRUE(weights.requires_grad()) << record;
+    EXPECT_TRUE(torch::equal(a(q, k, v, lens), out)) << record;
+    if (record) EXPECT_TRUE(torch::equal(a->attention_weights, weights));
+  }
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ TEST_P(CoverageIsa, KernelsRunHere) {
   EXPECT_EQ(d2l::cpu_isa(), isa);
   const auto X = torch::randn({2, 3, 37});
   const auto lens = torch::tensor({5, 37});
-  EXPECT_LT(d2l::testing::max_rel_error(d2l::masked_softmax(X, lens, d2l::Path::kFused),
+  EXPECT_LT(d2l::testing::max_rel_error(d2l::masked_softmax(X, lens, d2l::AttentionBackend::kFused),
                                         d2l::testing::reference_masked_softmax(X, lens)),
             2e-6);
   d2l::set_cpu_isa(saved);
@@ -56,11 +56,17 @@ TEST(Coverage, Float16AttentionOnTheCpu) {
   torch::manual_seed(5);
   const auto q = torch::randn({2, 3, 8}), k = torch::randn({2, 9, 8}), v = torch::randn({2, 9, 4});
   const auto lens = torch::tensor({3, 9});
-  const auto expected = std::get<0>(d2l::functional::dot_product_attention(q, k, v, lens));
+  const auto expected = std::get<0>(d2l::functional::dot_product_attention(
+      q, k, v, d2l::functional::DotProductAttentionFuncOptions().valid_lens(lens)));
   for (bool weights : {true, false}) {
     const auto out = std::get<0>(d2l::functional::dot_product_attention(
-        q.to(torch::kHalf), k.to(torch::kHalf), v.to(torch::kHalf), lens, 0.0, false,
-        d2l::Path::kAuto, weights));
+        q.to(torch::kHalf), k.to(torch::kHalf), v.to(torch::kHalf),
+        d2l::functional::DotProductAttentionFuncOptions()
+            .valid_lens(lens)
+            .dropout(0.0)
+            .training(false)
+            .backend(d2l::AttentionBackend::kAuto)
+            .need_weights(weights)));
     EXPECT_EQ(out.scalar_type(), torch::kHalf);
     EXPECT_LT(d2l::testing::max_rel_error(out, expected), 5e-3) << "weights " << weights;
   }

@@ -49,10 +49,27 @@ TEST(DotProductAttention, MatchesADoubleReference) {
 TEST(DotProductAttention, FunctionalFormReturnsOutputAndWeights) {
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
   const auto lens = torch::tensor({2, 5});
-  auto [out, weights] = d2l::functional::dot_product_attention(q, k, v, lens);
+  auto [out, weights] = d2l::functional::dot_product_attention(
+      q, k, v, d2l::functional::DotProductAttentionFuncOptions().valid_lens(lens));
   d2l::DotProductAttention attention(0.0);
   EXPECT_TRUE(torch::equal(attention(q, k, v, lens), out));
   EXPECT_TRUE(torch::equal(attention->attention_weights, weights));
+}
+
+// forward_with_weights returns what forward records, with the graph, and
+// leaves the recorded weights alone, recording on or off.
+TEST(DotProductAttention, ForwardWithWeightsLeavesTheRecordedWeightsAlone) {
+  const auto q = torch::randn({2, 3, 4}).requires_grad_(), k = torch::randn({2, 5, 4});
+  const auto v = torch::randn({2, 5, 2}), lens = torch::tensor({2, 5});
+  for (bool record : {true, false}) {
+    d2l::DotProductAttention attention(
+        d2l::DotProductAttentionOptions().record_attention_weights(record));
+    const auto [out, weights] = attention->forward_with_weights(q, k, v, lens);
+    EXPECT_FALSE(attention->attention_weights.defined()) << record;
+    EXPECT_TRUE(weights.requires_grad()) << record;
+    EXPECT_TRUE(torch::equal(attention(q, k, v, lens), out)) << record;
+    if (record) EXPECT_TRUE(torch::equal(attention->attention_weights, weights));
+  }
 }
 
 TEST(DotProductAttention, GradientsMatchFiniteDifferences) {
@@ -60,7 +77,9 @@ TEST(DotProductAttention, GradientsMatchFiniteDifferences) {
   const auto lens = torch::tensor({{1, 4, 0}, {2, 3, 4}});
   d2l::testing::expect_gradients_match_finite_differences(
       [&](const std::vector<torch::Tensor>& in) {
-        return std::get<0>(d2l::functional::dot_product_attention(in[0], in[1], in[2], lens));
+        return std::get<0>(d2l::functional::dot_product_attention(
+            in[0], in[1], in[2],
+            d2l::functional::DotProductAttentionFuncOptions().valid_lens(lens)));
       },
       {torch::randn({2, 3, 3}, torch::kDouble), torch::randn({2, 4, 3}, torch::kDouble),
        torch::randn({2, 4, 2}, torch::kDouble)});
@@ -102,13 +121,26 @@ TEST(DotProductAttention, ReducedPrecisionLengthsOnEveryPath) {
              v = torch::randn({2, 600, 4}, torch::kDouble);
   for (const auto& lens :
        {torch::tensor({276, 596}), torch::tensor({{276, 0, 596}, {304, 512, 1}})}) {
-    for (auto path : {d2l::Path::kAuto, d2l::Path::kComposite, d2l::Path::kFused}) {
+    for (auto path : {d2l::AttentionBackend::kAuto, d2l::AttentionBackend::kComposite,
+                      d2l::AttentionBackend::kFused}) {
       for (bool weights : {true, false}) {
         const auto expected =
-            d2l::functional::dot_product_attention(q, k, v, lens, 0.0, false, path, weights);
+            d2l::functional::dot_product_attention(q, k, v,
+                                                   d2l::functional::DotProductAttentionFuncOptions()
+                                                       .valid_lens(lens)
+                                                       .dropout(0.0)
+                                                       .training(false)
+                                                       .backend(path)
+                                                       .need_weights(weights));
         for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
-          const auto got = d2l::functional::dot_product_attention(q, k, v, lens.to(dtype), 0.0,
-                                                                  false, path, weights);
+          const auto got = d2l::functional::dot_product_attention(
+              q, k, v,
+              d2l::functional::DotProductAttentionFuncOptions()
+                  .valid_lens(lens.to(dtype))
+                  .dropout(0.0)
+                  .training(false)
+                  .backend(path)
+                  .need_weights(weights));
           EXPECT_TRUE(torch::equal(std::get<0>(got), std::get<0>(expected)))
               << c10::toString(dtype) << " " << d2l::to_string(path) << " " << weights;
         }
@@ -163,10 +195,13 @@ TEST(DotProductAttention, RejectsBadArguments) {
       error_message([] { d2l::DotProductAttention bad(1.5); }),
       HasSubstr("d2l::DotProductAttention: dropout must be a probability in [0, 1], got 1.5"));
   for (double p : {-0.5, 1.5, std::nan("")}) {
-    EXPECT_THAT(
-        error_message([&] { d2l::functional::dot_product_attention(q, k, v, {}, p, true); }),
-        HasSubstr(fn + "dropout must be a probability in [0, 1], got " +
-                  (std::isnan(p) ? std::string("nan") : fmt::format("{}", p))));
+    EXPECT_THAT(error_message([&] {
+                  d2l::functional::dot_product_attention(
+                      q, k, v,
+                      d2l::functional::DotProductAttentionFuncOptions().dropout(p).training(true));
+                }),
+                HasSubstr(fn + "dropout must be a probability in [0, 1], got " +
+                          (std::isnan(p) ? std::string("nan") : fmt::format("{}", p))));
   }
 }
 

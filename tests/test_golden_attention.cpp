@@ -186,8 +186,12 @@ TEST_P(GoldenDotProductAttention, FunctionalMatchesBook) {
   const std::string who = "d2l::functional::dot_product_attention";
 
   const auto in = module_inputs(fx, dtype_of(dtype));
-  const auto [out, weights] = d2l::functional::dot_product_attention(
-      in.queries, in.keys, in.values, in.valid_lens, fx.scalar("dropout"), /*training=*/false);
+  const auto [out, weights] =
+      d2l::functional::dot_product_attention(in.queries, in.keys, in.values,
+                                             d2l::functional::DotProductAttentionFuncOptions()
+                                                 .valid_lens(in.valid_lens)
+                                                 .dropout(fx.scalar("dropout"))
+                                                 .training(false));
   EXPECT_TRUE(close_to(out, fx.tensor("output"), tol, who + " output", dtype));
   EXPECT_TRUE(
       close_to(weights, fx.tensor("attention_weights"), tol, who + " attention_weights", dtype));

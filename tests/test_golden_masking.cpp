@@ -1,5 +1,5 @@
 // Golden parity of masking: masked_softmax (the public entry point and
-// masked_softmax with Path::kComposite, output and gradient) and sequence_mask against
+// masked_softmax with AttentionBackend::kComposite, output and gradient) and sequence_mask against
 // fixtures written by the book's own PyTorch code
 // (tests/fixtures/generate_fixtures.py). Adding a case is one line in a table below.
 
@@ -46,14 +46,14 @@ const std::vector<std::string> kSequenceMaskCases = {
 };
 
 // ---------------------------------------------------------------------------
-// masked_softmax: both the default path and Path::kComposite.
+// masked_softmax: both the default path and AttentionBackend::kComposite.
 // ---------------------------------------------------------------------------
 
 enum class Softmax { kPublic, kComposite };
 
 void PrintTo(Softmax which, std::ostream* os) {
   *os << (which == Softmax::kPublic ? "d2l::masked_softmax"
-                                    : "d2l::masked_softmax(Path::kComposite)");
+                                    : "d2l::masked_softmax(AttentionBackend::kComposite)");
 }
 
 class GoldenMaskedSoftmax
@@ -63,15 +63,17 @@ TEST_P(GoldenMaskedSoftmax, OutputAndGradMatchBook) {
   const auto& [name, dtype, which] = GetParam();
   const Fixture fx = load_fixture(name + "_" + dtype);
   const Tolerance tol = tolerance_for(dtype);
-  const std::string path =
-      which == Softmax::kPublic ? "d2l::masked_softmax" : "d2l::masked_softmax(Path::kComposite)";
+  const std::string path = which == Softmax::kPublic
+                               ? "d2l::masked_softmax"
+                               : "d2l::masked_softmax(AttentionBackend::kComposite)";
 
   auto X = fx.tensor("X").clone().requires_grad_(true);
   ASSERT_EQ(X.scalar_type(), dtype_of(dtype));
   const torch::Tensor lens =
       fx.has_tensor("valid_lens") ? fx.tensor("valid_lens") : torch::Tensor();
-  const auto out = which == Softmax::kPublic ? d2l::masked_softmax(X, lens)
-                                             : d2l::masked_softmax(X, lens, d2l::Path::kComposite);
+  const auto out = which == Softmax::kPublic
+                       ? d2l::masked_softmax(X, lens)
+                       : d2l::masked_softmax(X, lens, d2l::AttentionBackend::kComposite);
   EXPECT_TRUE(close_to(out, fx.tensor("output"), tol, path + " output", dtype));
   (out * fx.tensor("G")).sum().backward();
   EXPECT_TRUE(close_to(X.grad(), fx.tensor("grad.X"), tol, path + " grad.X", dtype));

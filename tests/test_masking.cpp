@@ -89,7 +89,7 @@ TEST(SequenceMask, RejectsBadArguments) {
 
 struct Implementation {
   const char* name;
-  d2l::Path path;
+  d2l::AttentionBackend path;
   const char* function;  // as named in its error messages
 };
 
@@ -286,9 +286,10 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
   const auto X = torch::randn({3, 4, 37});
   const auto lens = torch::tensor({{0, 5, 37, 40}, {1, 2, 3, 4}, {9, 9, 9, 9}});
   if (std::string(GetParam().name) == "fused") {
-    EXPECT_THAT(error_message([&] { run(X.cuda(), lens.cuda()); }),
-                HasSubstr("d2l::masked_softmax: Path::kFused runs on the CPU, got tensors on "
-                          "cuda:0"));
+    EXPECT_THAT(
+        error_message([&] { run(X.cuda(), lens.cuda()); }),
+        HasSubstr("d2l::masked_softmax: AttentionBackend::kFused runs on the CPU, got tensors on "
+                  "cuda:0"));
     return;
   }
   const auto out = run(X.cuda(), lens.cuda());
@@ -301,9 +302,10 @@ TEST_P(MaskedSoftmax, RunsOnCudaWhenAvailable) {
 
 INSTANTIATE_TEST_SUITE_P(
     Implementations, MaskedSoftmax,
-    ::testing::Values(Implementation{"default", d2l::Path::kAuto, "d2l::masked_softmax"},
-                      Implementation{"composite", d2l::Path::kComposite, "d2l::masked_softmax"},
-                      Implementation{"fused", d2l::Path::kFused, "d2l::masked_softmax"}),
+    ::testing::Values(
+        Implementation{"default", d2l::AttentionBackend::kAuto, "d2l::masked_softmax"},
+        Implementation{"composite", d2l::AttentionBackend::kComposite, "d2l::masked_softmax"},
+        Implementation{"fused", d2l::AttentionBackend::kFused, "d2l::masked_softmax"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -1,5 +1,5 @@
 // What depends on the LibTorch version and the device: the version the build
-// reports, the thread pools, the choice Path::kAuto makes, the errors where a
+// reports, the thread pools, the choice AttentionBackend::kAuto makes, the errors where a
 // feature is missing, and every path on CUDA where a GPU is present. The SDPA
 // path (LibTorch 2.1+) against the composite oracle: test_platform_sdpa.cpp.
 
@@ -22,7 +22,7 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 using d2l::testing::dot;
 using d2l::testing::error_message;
 using d2l::testing::length_cases;
@@ -40,8 +40,8 @@ TEST(Platform, ReportsTheLibTorchItWasBuiltWith) {
   EXPECT_EQ(D2L_TORCH_VERSION_AT_LEAST(2, 0), TORCH_VERSION_MAJOR >= 2);
   EXPECT_TRUE(D2L_TORCH_VERSION_AT_LEAST(1, 13));
   EXPECT_FALSE(D2L_TORCH_VERSION_AT_LEAST(99, 0));
-  EXPECT_EQ(d2l::to_string(Path::kAuto), "auto");
-  EXPECT_EQ(d2l::to_string(Path::kSdpa), "sdpa");
+  EXPECT_EQ(d2l::to_string(AttentionBackend::kAuto), "auto");
+  EXPECT_EQ(d2l::to_string(AttentionBackend::kSdpa), "sdpa");
 }
 
 // Whether this process mapped an OpenBLAS library: Debian's is
@@ -94,63 +94,72 @@ TEST(Platform, SetNumThreadsSizesBothPools) {
 TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
   if (!d2l::sdpa_available()) {
-    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Path::kSdpa); }),
-                HasSubstr("d2l::dot_product_attention: Path::kSdpa needs LibTorch 2.1 or newer "
-                          "(at::scaled_dot_product_attention); this build of d2l_attention uses "
-                          "LibTorch " +
-                          d2l::torch_version()));
+    EXPECT_THAT(
+        error_message([&] { dot(q, k, v, {}, AttentionBackend::kSdpa); }),
+        HasSubstr("d2l::dot_product_attention: AttentionBackend::kSdpa needs LibTorch 2.1 or newer "
+                  "(at::scaled_dot_product_attention); this build of d2l_attention uses "
+                  "LibTorch " +
+                  d2l::torch_version()));
   } else {
-    EXPECT_THAT(error_message([&] { dot(q, k, v, {}, Path::kSdpa, /*need_weights=*/true); }),
-                HasSubstr("d2l::dot_product_attention: Path::kSdpa returns no attention weights; "
-                          "call it with need_weights=false"));
-    d2l::DotProductAttention recording(d2l::DotProductAttentionOptions().path(Path::kSdpa));
+    EXPECT_THAT(
+        error_message([&] { dot(q, k, v, {}, AttentionBackend::kSdpa, /*need_weights=*/true); }),
+        HasSubstr(
+            "d2l::dot_product_attention: AttentionBackend::kSdpa returns no attention weights; "
+            "call it with need_weights=false"));
+    d2l::DotProductAttention recording(
+        d2l::DotProductAttentionOptions().backend(AttentionBackend::kSdpa));
     EXPECT_THAT(error_message([&] { recording(q, k, v); }),
                 HasSubstr("record_attention_weights(false)"));
   }
   // Only dot-product attention has an SDPA path.
   EXPECT_THAT(
       error_message([&] {
-        d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, Path::kSdpa);
+        d2l::detail::masked_softmax_nocheck(torch::randn({2, 2, 2}), {}, AttentionBackend::kSdpa);
       }),
-      HasSubstr("d2l::masked_softmax: Path::kSdpa (LibTorch's scaled_dot_product_attention) "
-                "is only for dot-product attention"));
-  d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 8).path(Path::kSdpa));
+      HasSubstr(
+          "d2l::masked_softmax: AttentionBackend::kSdpa (LibTorch's scaled_dot_product_attention) "
+          "is only for dot-product attention"));
+  d2l::AdditiveAttention additive(
+      d2l::AdditiveAttentionOptions(4, 4, 8).backend(AttentionBackend::kSdpa));
   EXPECT_THAT(error_message([&] { additive(q, k, v); }), HasSubstr("is only for dot-product"));
 }
 
 TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoDropoutIsDrawn) {
   using d2l::detail::DotProductPath;
-  auto choose = [](Path path, const torch::Tensor& q, const torch::Tensor& k, double dropout,
-                   bool training, bool need_weights) {
+  auto choose = [](AttentionBackend path, const torch::Tensor& q, const torch::Tensor& k,
+                   double dropout, bool training, bool need_weights) {
     return d2l::detail::choose_dot_product_path("test", path, q, k, k, dropout, training,
                                                 need_weights);
   };
   const auto q = torch::randn({1, 2, 4}), k = torch::randn({1, 3000, 4});
   const auto q_grad = q.clone().requires_grad_();
   for (const auto& query : {q, q_grad}) {
-    EXPECT_EQ(choose(Path::kAuto, query, k, 0, false, false), DotProductPath::kFlash);
-    EXPECT_EQ(choose(Path::kFused, query, k, 0, false, false), DotProductPath::kFlash);
+    EXPECT_EQ(choose(AttentionBackend::kAuto, query, k, 0, false, false), DotProductPath::kFlash);
+    EXPECT_EQ(choose(AttentionBackend::kFused, query, k, 0, false, false), DotProductPath::kFlash);
     // Dropout outside training draws nothing.
-    EXPECT_EQ(choose(Path::kAuto, query, k, 0.1, false, false), DotProductPath::kFlash);
+    EXPECT_EQ(choose(AttentionBackend::kAuto, query, k, 0.1, false, false), DotProductPath::kFlash);
     // Weights asked for: the flash kernel writes them.
-    EXPECT_EQ(choose(Path::kAuto, query, k, 0, false, true), DotProductPath::kFlash);
-    EXPECT_EQ(choose(Path::kFused, query, k, 0, false, true), DotProductPath::kFlash);
+    EXPECT_EQ(choose(AttentionBackend::kAuto, query, k, 0, false, true), DotProductPath::kFlash);
+    EXPECT_EQ(choose(AttentionBackend::kFused, query, k, 0, false, true), DotProductPath::kFlash);
     // Dropout in training: the fused softmax.
-    EXPECT_EQ(choose(Path::kAuto, query, k, 0.1, true, false), DotProductPath::kFusedSoftmax);
-    EXPECT_EQ(choose(Path::kComposite, query, k, 0, false, false), DotProductPath::kComposite);
+    EXPECT_EQ(choose(AttentionBackend::kAuto, query, k, 0.1, true, false),
+              DotProductPath::kFusedSoftmax);
+    EXPECT_EQ(choose(AttentionBackend::kComposite, query, k, 0, false, false),
+              DotProductPath::kComposite);
   }
   {
     torch::InferenceMode inference;
-    EXPECT_EQ(choose(Path::kAuto, q, k, 0, false, false), DotProductPath::kFlash);
+    EXPECT_EQ(choose(AttentionBackend::kAuto, q, k, 0, false, false), DotProductPath::kFlash);
   }
   // Empty sizes keep the softmax paths, which keep the autograd graph.
-  EXPECT_EQ(choose(Path::kAuto, torch::randn({0, 2, 4}), torch::randn({0, 3, 4}), 0, false, false),
+  EXPECT_EQ(choose(AttentionBackend::kAuto, torch::randn({0, 2, 4}), torch::randn({0, 3, 4}), 0,
+                   false, false),
             DotProductPath::kFusedSoftmax);
-  EXPECT_EQ(choose(Path::kAuto, q, torch::randn({1, 0, 4}), 0, false, false),
+  EXPECT_EQ(choose(AttentionBackend::kAuto, q, torch::randn({1, 0, 4}), 0, false, false),
             DotProductPath::kFusedSoftmax);
   if (d2l::sdpa_available()) {
-    EXPECT_EQ(choose(Path::kSdpa, q_grad, k, 0, true, false), DotProductPath::kSdpa);
-    EXPECT_EQ(choose(Path::kSdpa, torch::randn({0, 2, 4}), k, 0, false, false),
+    EXPECT_EQ(choose(AttentionBackend::kSdpa, q_grad, k, 0, true, false), DotProductPath::kSdpa);
+    EXPECT_EQ(choose(AttentionBackend::kSdpa, torch::randn({0, 2, 4}), k, 0, false, false),
               DotProductPath::kComposite);
   }
 }
@@ -162,9 +171,9 @@ TEST(Platform, MetaTensorsAreRefusedByNameOnEveryVersion) {
   const auto meta = torch::TensorOptions().device(torch::kMeta);
   const auto q = torch::empty({2, 3, 4}, meta), k = torch::empty({2, 5, 4}, meta),
              v = torch::empty({2, 5, 2}, meta);
-  std::vector<Path> impls = {Path::kAuto, Path::kComposite};
-  if (d2l::sdpa_available()) impls.push_back(Path::kSdpa);
-  for (Path path : impls) {
+  std::vector<AttentionBackend> impls = {AttentionBackend::kAuto, AttentionBackend::kComposite};
+  if (d2l::sdpa_available()) impls.push_back(AttentionBackend::kSdpa);
+  for (AttentionBackend path : impls) {
     EXPECT_THAT(error_message([&] {
                   dot(q, k, v, torch::tensor({1, 2}), path);
                 }),
@@ -191,8 +200,8 @@ TEST(Platform, MetaTensorsAreRefusedByNameOnEveryVersion) {
 TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(14);
-  std::vector<Path> impls = {Path::kAuto, Path::kComposite};
-  if (d2l::sdpa_available()) impls.push_back(Path::kSdpa);
+  std::vector<AttentionBackend> impls = {AttentionBackend::kAuto, AttentionBackend::kComposite};
+  if (d2l::sdpa_available()) impls.push_back(AttentionBackend::kSdpa);
   for (auto dtype : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16}) {
     const double fwd_tol = dtype == torch::kFloat ? 1e-4 : dtype == torch::kDouble ? 1e-10 : 3e-2;
     const auto q = torch::randn({3, 9, 64}), k = torch::randn({3, 33, 64}),
@@ -201,14 +210,14 @@ TEST(PlatformCuda, EveryPathMatchesTheCpuOracle) {
       auto ref_q = q.to(torch::kDouble).requires_grad_(),
            ref_k = k.to(torch::kDouble).requires_grad_(),
            ref_v = v.to(torch::kDouble).requires_grad_();
-      const auto ref = std::get<0>(dot(ref_q, ref_k, ref_v, lens, Path::kComposite));
+      const auto ref = std::get<0>(dot(ref_q, ref_k, ref_v, lens, AttentionBackend::kComposite));
       ref.sum().backward();
-      for (Path path : impls) {
+      for (AttentionBackend path : impls) {
         auto cq = q.to(torch::kCUDA, dtype).requires_grad_(),
              ck = k.to(torch::kCUDA, dtype).requires_grad_(),
              cv = v.to(torch::kCUDA, dtype).requires_grad_();
         const auto out = std::get<0>(dot(cq, ck, cv, lens.defined() ? lens.cuda() : lens, path,
-                                         /*need_weights=*/path != Path::kSdpa));
+                                         /*need_weights=*/path != AttentionBackend::kSdpa));
         ASSERT_TRUE(out.is_cuda());
         EXPECT_LT(max_rel_error(out, ref), fwd_tol) << d2l::to_string(path) << " " << dtype;
         out.sum().backward();
@@ -224,8 +233,9 @@ TEST(PlatformCuda, MixedDevicesAreClearErrors) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto q = torch::randn({2, 3, 4}).cuda(), k = torch::randn({2, 5, 4}).cuda(),
              v = torch::randn({2, 5, 2}).cuda();
-  for (Path path : {Path::kAuto, Path::kComposite, Path::kSdpa}) {
-    if (path == Path::kSdpa && !d2l::sdpa_available()) continue;
+  for (AttentionBackend path :
+       {AttentionBackend::kAuto, AttentionBackend::kComposite, AttentionBackend::kSdpa}) {
+    if (path == AttentionBackend::kSdpa && !d2l::sdpa_available()) continue;
     EXPECT_THAT(error_message([&] {
                   dot(q, k, v, torch::tensor({1, 2}), path);
                 }),
@@ -250,8 +260,9 @@ TEST(PlatformCuda, BadLengthsAreClearErrors) {
       {torch::tensor({std::nan(""), 1.0}),
        "valid_lens must hold whole numbers, got nan at flat index 0"},
       {torch::tensor({-inf, 1.0}), "valid_lens must hold whole numbers, got -inf at flat index 0"}};
-  for (Path path : {Path::kAuto, Path::kComposite, Path::kSdpa}) {
-    if (path == Path::kSdpa && !d2l::sdpa_available()) continue;
+  for (AttentionBackend path :
+       {AttentionBackend::kAuto, AttentionBackend::kComposite, AttentionBackend::kSdpa}) {
+    if (path == AttentionBackend::kSdpa && !d2l::sdpa_available()) continue;
     for (const auto& [lens, message] : cases) {
       EXPECT_THAT(error_message([&, &lens = lens] { dot(q, k, v, lens.cuda(), path); }),
                   HasSubstr("d2l::dot_product_attention: " + message))

@@ -19,7 +19,7 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 using d2l::testing::dot;
 using d2l::testing::length_cases;
 using d2l::testing::max_rel_error;
@@ -36,7 +36,7 @@ const std::vector<DtypeTolerance> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
 void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor& k0,
                                    const torch::Tensor& v0, const torch::Tensor& lens,
                                    const DtypeTolerance& c, const std::string& what) {
-  auto run = [&](Path path) {
+  auto run = [&](AttentionBackend path) {
     auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
          v = v0.detach().clone().requires_grad_();
     auto out = std::get<0>(dot(q, k, v, lens, path));
@@ -45,7 +45,7 @@ void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor&
     (out * G).sum().backward();
     return std::vector<torch::Tensor>{out, q.grad(), k.grad(), v.grad()};
   };
-  const auto sdpa = run(Path::kSdpa), composite = run(Path::kComposite);
+  const auto sdpa = run(AttentionBackend::kSdpa), composite = run(AttentionBackend::kComposite);
   EXPECT_EQ(sdpa[0].scalar_type(), c.dtype) << what;
   EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.forward) << what << " output";
   const char* names[] = {"output", "dq", "dk", "dv"};
@@ -84,9 +84,9 @@ TEST(Platform, SdpaComparesReducedPrecisionLengthsExactly) {
              v = torch::randn({2, 600, 4}, torch::kDouble);
   for (const auto& lens :
        {torch::tensor({276, 304}), torch::tensor({{276, 0, 596}, {304, 512, 1}})}) {
-    const auto expected = std::get<0>(dot(q, k, v, lens, Path::kComposite));
+    const auto expected = std::get<0>(dot(q, k, v, lens, AttentionBackend::kComposite));
     for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
-      const auto out = std::get<0>(dot(q, k, v, lens.to(dtype), Path::kSdpa));
+      const auto out = std::get<0>(dot(q, k, v, lens.to(dtype), AttentionBackend::kSdpa));
       EXPECT_LT(max_rel_error(out, expected), 1e-12) << c10::toString(dtype) << " " << lens.dim();
     }
   }
@@ -113,8 +113,8 @@ TEST(Platform, SdpaKeepsNonFinitePaddingKeysOut) {
     for (const auto& lens :
          {torch::tensor({4, 2}), torch::tensor({{4, 1, 0}, {2, 2, 1}}), torch::tensor({2, 2})}) {
       const auto inputs = std::vector<torch::Tensor>{q.clone(), k.clone(), v.clone()};
-      const auto sdpa = std::get<0>(dot(q, k, v, lens, Path::kSdpa));
-      const auto composite = std::get<0>(dot(q, k, v, lens, Path::kComposite));
+      const auto sdpa = std::get<0>(dot(q, k, v, lens, AttentionBackend::kSdpa));
+      const auto composite = std::get<0>(dot(q, k, v, lens, AttentionBackend::kComposite));
       EXPECT_TRUE(torch::isfinite(sdpa).all().item<bool>()) << bad;
       EXPECT_LT(max_rel_error(sdpa, composite), 2e-6) << bad;
       // Inputs are never modified.
@@ -129,7 +129,7 @@ TEST(Platform, SdpaOnEmptySizesKeepsTheGraph) {
   for (auto [B, n, m] : std::vector<std::array<int64_t, 3>>{{0, 3, 4}, {2, 0, 4}, {2, 3, 0}}) {
     const auto q = torch::randn({B, n, 4}).requires_grad_(), k = torch::randn({B, m, 4});
     const auto v = torch::randn({B, m, 2});
-    const auto out = std::get<0>(dot(q, k, v, {}, Path::kSdpa));
+    const auto out = std::get<0>(dot(q, k, v, {}, AttentionBackend::kSdpa));
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{B, n, 2}));
     EXPECT_TRUE(out.requires_grad());
     EXPECT_EQ(out.abs().sum().item<float>(), 0);
@@ -143,17 +143,20 @@ TEST(Platform, ModulesWithoutWeightsRunSdpaWithTheSameNumbers) {
   torch::manual_seed(13);
   const auto q = torch::randn({2, 3, 8}), k = torch::randn({2, 5, 8}), v = torch::randn({2, 5, 8});
   const auto lens = torch::tensor({3, 0});
-  d2l::DotProductAttention sdpa(
-      d2l::DotProductAttentionOptions().path(Path::kSdpa).record_attention_weights(false));
-  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
+  d2l::DotProductAttention sdpa(d2l::DotProductAttentionOptions()
+                                    .backend(AttentionBackend::kSdpa)
+                                    .record_attention_weights(false));
+  d2l::DotProductAttention composite(
+      d2l::DotProductAttentionOptions().backend(AttentionBackend::kComposite));
   EXPECT_LT(max_rel_error(sdpa(q, k, v, lens), composite(q, k, v, lens)), 2e-6);
   EXPECT_FALSE(sdpa->attention_weights.defined());
 
   auto options = d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).bias(true);
-  d2l::MultiHeadAttention mha_sdpa(
-      d2l::MultiHeadAttentionOptions(options).path(Path::kSdpa).record_attention_weights(false));
+  d2l::MultiHeadAttention mha_sdpa(d2l::MultiHeadAttentionOptions(options)
+                                       .backend(AttentionBackend::kSdpa)
+                                       .record_attention_weights(false));
   d2l::MultiHeadAttention mha_composite(
-      d2l::MultiHeadAttentionOptions(options).path(Path::kComposite));
+      d2l::MultiHeadAttentionOptions(options).backend(AttentionBackend::kComposite));
   torch::NoGradGuard no_grad;
   for (auto& p : mha_sdpa->named_parameters())
     p.value().copy_(mha_composite->named_parameters()[p.key()]);
@@ -165,12 +168,13 @@ TEST(Platform, SdpaDropoutOnlyInTraining) {
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 2});
   d2l::DotProductAttention attention(d2l::DotProductAttentionOptions()
                                          .dropout(1.0)
-                                         .path(Path::kSdpa)
+                                         .backend(AttentionBackend::kSdpa)
                                          .record_attention_weights(false));
   attention->train();
   EXPECT_EQ(attention(q, k, v).abs().sum().item<float>(), 0);
   attention->eval();
-  d2l::DotProductAttention composite(d2l::DotProductAttentionOptions().path(Path::kComposite));
+  d2l::DotProductAttention composite(
+      d2l::DotProductAttentionOptions().backend(AttentionBackend::kComposite));
   EXPECT_LT(max_rel_error(attention(q, k, v), composite(q, k, v)), 2e-6);
 }
 
@@ -182,7 +186,7 @@ TEST(Platform, SdpaDoubleBackwardMatchesComposite) {
   for (auto dtype : {torch::kDouble, torch::kFloat}) {
     const auto q0 = torch::randn({2, 3, 4}, dtype), k0 = torch::randn({2, 5, 4}, dtype),
                v0 = torch::randn({2, 5, 2}, dtype);
-    auto second = [&](Path path) {
+    auto second = [&](AttentionBackend path) {
       auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
            v = v0.clone().requires_grad_();
       const auto out = std::get<0>(dot(q, k, v, torch::tensor({2, 0}), path));
@@ -190,7 +194,8 @@ TEST(Platform, SdpaDoubleBackwardMatchesComposite) {
       (g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()).backward();
       return std::vector<torch::Tensor>{q.grad(), k.grad(), v.grad()};
     };
-    const auto sdpa = second(Path::kSdpa), composite = second(Path::kComposite);
+    const auto sdpa = second(AttentionBackend::kSdpa),
+               composite = second(AttentionBackend::kComposite);
     for (int i = 0; i < 3; ++i) {
       EXPECT_LT(max_rel_error(sdpa[i], composite[i]), dtype == torch::kDouble ? 1e-10 : 1e-4)
           << c10::toString(dtype) << " input " << i;

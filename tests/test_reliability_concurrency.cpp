@@ -18,7 +18,7 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 
 // ---------------------------------------------------------------------------
 // Concurrency: one module, 8 threads, 1,000 forwards each.
@@ -101,9 +101,9 @@ void expect_threads_agree_with_one_thread(Holder module, const std::vector<QKV>&
 }
 
 TEST(ReliabilityConcurrency, SharedAdditiveAttentionRecordingWeights) {
-  for (Path path : {Path::kAuto, Path::kComposite}) {
+  for (AttentionBackend path : {AttentionBackend::kAuto, AttentionBackend::kComposite}) {
     torch::manual_seed(30);
-    d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).path(path));
+    d2l::AdditiveAttention module(d2l::AdditiveAttentionOptions(5, 6, 8).backend(path));
     expect_threads_agree_with_one_thread(module, concurrency_inputs(6, 5));
   }
 }
@@ -116,8 +116,8 @@ TEST(ReliabilityConcurrency, SharedAdditiveAttentionNotRecording) {
 }
 
 TEST(ReliabilityConcurrency, SharedDotProductAttentionRecordingWeights) {
-  for (Path path : {Path::kAuto, Path::kComposite}) {
-    d2l::DotProductAttention module(d2l::DotProductAttentionOptions().dropout(0.5).path(path));
+  for (AttentionBackend path : {AttentionBackend::kAuto, AttentionBackend::kComposite}) {
+    d2l::DotProductAttention module(d2l::DotProductAttentionOptions().dropout(0.5).backend(path));
     expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
   }
 }

@@ -19,14 +19,14 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 
 struct EmptyCase {
   int64_t batch, queries, keys;
   int lens_dim;  // 0: no lengths, 1: (B), 2: (B, n)
 };
 
-std::string describe(const EmptyCase& c, Path path, torch::Dtype dtype) {
+std::string describe(const EmptyCase& c, AttentionBackend path, torch::Dtype dtype) {
   return fmt::format("B={} n={} m={} lens_dim={} path={} dtype={}", c.batch, c.queries, c.keys,
                      c.lens_dim, static_cast<int>(path), c10::toString(dtype));
 }
@@ -49,9 +49,10 @@ torch::Tensor lengths(const EmptyCase& c) {
   return torch::full(shape, 2, torch::kLong);
 }
 
-std::vector<Path> paths(bool sdpa) {
-  std::vector<Path> all = {Path::kAuto, Path::kComposite, Path::kFused};
-  if (sdpa && d2l::sdpa_available()) all.push_back(Path::kSdpa);
+std::vector<AttentionBackend> paths(bool sdpa) {
+  std::vector<AttentionBackend> all = {AttentionBackend::kAuto, AttentionBackend::kComposite,
+                                       AttentionBackend::kFused};
+  if (sdpa && d2l::sdpa_available()) all.push_back(AttentionBackend::kSdpa);
   return all;
 }
 
@@ -88,7 +89,7 @@ void expect_zero_gradients(const torch::Tensor& out, const std::vector<torch::Te
 TEST(ReliabilityEmpty, MaskedSoftmaxKeepsTheGraphOnEveryPath) {
   for (const auto& c : empty_cases()) {
     if (c.lens_dim == 0) continue;  // without lengths it is plain softmax
-    for (Path path : paths(false)) {
+    for (AttentionBackend path : paths(false)) {
       for (auto dtype : kEmptyDtypes) {
         const auto X = leaf({c.batch, c.queries, c.keys}, dtype);
         const auto Y = d2l::masked_softmax(X, lengths(c), path);
@@ -101,7 +102,7 @@ TEST(ReliabilityEmpty, MaskedSoftmaxKeepsTheGraphOnEveryPath) {
 TEST(ReliabilityEmpty, DotProductAttentionKeepsTheGraphOnEveryPath) {
   const int64_t d = 5, v = 3;
   for (const auto& c : empty_cases()) {
-    for (Path path : paths(true)) {
+    for (AttentionBackend path : paths(true)) {
       for (auto dtype : kEmptyDtypes) {
         if (refused(dtype)) continue;
         for (bool training : {false, true}) {
@@ -109,7 +110,13 @@ TEST(ReliabilityEmpty, DotProductAttentionKeepsTheGraphOnEveryPath) {
           const auto k = leaf({c.batch, c.keys, d}, dtype);
           const auto val = leaf({c.batch, c.keys, v}, dtype);
           const auto [out, weights] = d2l::functional::dot_product_attention(
-              q, k, val, lengths(c), /*dropout=*/0.5, training, path, /*need_weights=*/false);
+              q, k, val,
+              d2l::functional::DotProductAttentionFuncOptions()
+                  .valid_lens(lengths(c))
+                  .dropout(0.5)
+                  .training(training)
+                  .backend(path)
+                  .need_weights(false));
           expect_zero_gradients(out, {q, k, val}, {c.batch, c.queries, v},
                                 describe(c, path, dtype) + (training ? " training" : ""));
         }
@@ -120,12 +127,19 @@ TEST(ReliabilityEmpty, DotProductAttentionKeepsTheGraphOnEveryPath) {
 
 TEST(ReliabilityEmpty, DotProductAttentionWeightsKeepTheGraph) {
   for (const auto& c : empty_cases()) {
-    for (Path path : {Path::kAuto, Path::kComposite, Path::kFused}) {
+    for (AttentionBackend path :
+         {AttentionBackend::kAuto, AttentionBackend::kComposite, AttentionBackend::kFused}) {
       const auto q = leaf({c.batch, c.queries, 4}, torch::kFloat);
       const auto k = leaf({c.batch, c.keys, 4}, torch::kFloat);
       const auto val = leaf({c.batch, c.keys, 2}, torch::kFloat);
-      const auto [out, weights] = d2l::functional::dot_product_attention(
-          q, k, val, lengths(c), 0.0, false, path, /*need_weights=*/true);
+      const auto [out, weights] =
+          d2l::functional::dot_product_attention(q, k, val,
+                                                 d2l::functional::DotProductAttentionFuncOptions()
+                                                     .valid_lens(lengths(c))
+                                                     .dropout(0.0)
+                                                     .training(false)
+                                                     .backend(path)
+                                                     .need_weights(true));
       expect_zero_gradients(weights, {q, k}, {c.batch, c.queries, c.keys},
                             describe(c, path, torch::kFloat));
     }
@@ -135,7 +149,7 @@ TEST(ReliabilityEmpty, DotProductAttentionWeightsKeepTheGraph) {
 TEST(ReliabilityEmpty, AdditiveAttentionKeepsTheGraphOnEveryPath) {
   const int64_t dq = 4, dk = 3, h = 6, v = 2;
   for (const auto& c : empty_cases()) {
-    for (Path path : paths(false)) {
+    for (AttentionBackend path : paths(false)) {
       for (auto dtype : kEmptyDtypes) {
         if (refused(dtype)) continue;
         for (bool need_weights : {false, true}) {
@@ -145,7 +159,13 @@ TEST(ReliabilityEmpty, AdditiveAttentionKeepsTheGraphOnEveryPath) {
           const auto W_q = leaf({h, dq}, dtype), W_k = leaf({h, dk}, dtype);
           const auto w_v = leaf({1, h}, dtype);
           const auto [out, weights] = d2l::functional::additive_attention(
-              q, k, val, W_q, W_k, w_v, lengths(c), 0.0, false, path, need_weights);
+              q, k, val,
+              d2l::functional::AdditiveAttentionFuncOptions(W_q, W_k, w_v)
+                  .valid_lens(lengths(c))
+                  .dropout(0.0)
+                  .training(false)
+                  .backend(path)
+                  .need_weights(need_weights));
           const auto what = describe(c, path, dtype);
           if (need_weights) {
             expect_zero_gradients(weights, {q, k, W_q, W_k, w_v}, {c.batch, c.queries, c.keys},
@@ -163,12 +183,13 @@ TEST(ReliabilityEmpty, AdditiveScoresKeepTheGraphOnEveryPath) {
   const int64_t h = 6;
   for (const auto& c : empty_cases()) {
     if (c.lens_dim != 0) continue;
-    for (Path path : paths(false)) {
+    for (AttentionBackend path : paths(false)) {
       for (auto dtype : kEmptyDtypes) {
         const auto pq = leaf({c.batch, c.queries, h}, dtype);
         const auto pk = leaf({c.batch, c.keys, h}, dtype);
         const auto w_v = leaf({1, h}, dtype);
-        const auto scores = d2l::functional::additive_scores(pq, pk, w_v, path);
+        const auto scores = d2l::functional::additive_scores(
+            pq, pk, w_v, d2l::functional::AdditiveScoresFuncOptions().backend(path));
         expect_zero_gradients(scores, {pq, pk, w_v}, {c.batch, c.queries, c.keys},
                               describe(c, path, dtype));
       }
@@ -188,9 +209,9 @@ std::vector<torch::Tensor> gradients(const torch::Tensor& out,
 
 TEST(ReliabilityEmpty, AdditiveAttentionModuleGivesZeroParameterGradients) {
   for (const auto& c : empty_cases()) {
-    for (Path path : paths(false)) {
+    for (AttentionBackend path : paths(false)) {
       torch::manual_seed(1);
-      d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(3, 4, 6).path(path));
+      d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(3, 4, 6).backend(path));
       const auto q = leaf({c.batch, c.queries, 4}, torch::kFloat);
       const auto k = leaf({c.batch, c.keys, 3}, torch::kFloat);
       const auto val = leaf({c.batch, c.keys, 2}, torch::kFloat);
@@ -204,17 +225,17 @@ TEST(ReliabilityEmpty, AdditiveAttentionModuleGivesZeroParameterGradients) {
 
 // With biases, an output over zero keys is b_o, not zero: every path must
 // give the composite path's gradients (b_o's among them), in train mode with
-// dropout. Path::kSdpa records no weights, so none records them.
+// dropout. AttentionBackend::kSdpa records no weights, so none records them.
 TEST(ReliabilityEmpty, MultiHeadAttentionGivesTheCompositeGradients) {
   for (const auto& c : empty_cases()) {
     std::vector<torch::Tensor> expected;
-    for (Path path : paths(true)) {
+    for (AttentionBackend path : paths(true)) {
       const auto what = describe(c, path, torch::kFloat);
       torch::manual_seed(1);
       d2l::MultiHeadAttention mha(d2l::MultiHeadAttentionOptions(6, 6, 6, 6, 2)
                                       .bias(true)
                                       .dropout(0.5)
-                                      .path(path)
+                                      .backend(path)
                                       .record_attention_weights(false));
       mha->train();
       const auto q = leaf({c.batch, c.queries, 6}, torch::kFloat);
@@ -230,7 +251,7 @@ TEST(ReliabilityEmpty, MultiHeadAttentionGivesTheCompositeGradients) {
         d2l::MultiHeadAttention oracle(d2l::MultiHeadAttentionOptions(6, 6, 6, 6, 2)
                                            .bias(true)
                                            .dropout(0.5)
-                                           .path(Path::kComposite));
+                                           .backend(AttentionBackend::kComposite));
         oracle->train();
         auto oracle_leaves = oracle->parameters();
         oracle_leaves.insert(oracle_leaves.end(), {q, k});

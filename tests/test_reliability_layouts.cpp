@@ -48,24 +48,49 @@ std::vector<Refusal> sparse_refusals() {
        "d2l::masked_softmax", "valid_lens"},
       {"masked_softmax 2-D lengths", [=] { d2l::masked_softmax(X, sparse(lens2)); },
        "d2l::masked_softmax", "valid_lens"},
-      {"dot_product_attention queries", [=] { F::dot_product_attention(sparse(q), k, v, lens); },
+      {"dot_product_attention queries",
+       [=] {
+         F::dot_product_attention(sparse(q), k, v,
+                                  F::DotProductAttentionFuncOptions().valid_lens(lens));
+       },
        "d2l::dot_product_attention", "queries"},
-      {"dot_product_attention keys", [=] { F::dot_product_attention(q, sparse(k), v, lens); },
+      {"dot_product_attention keys",
+       [=] {
+         F::dot_product_attention(q, sparse(k), v,
+                                  F::DotProductAttentionFuncOptions().valid_lens(lens));
+       },
        "d2l::dot_product_attention", "keys"},
-      {"dot_product_attention values", [=] { F::dot_product_attention(q, k, sparse(v), lens); },
+      {"dot_product_attention values",
+       [=] {
+         F::dot_product_attention(q, k, sparse(v),
+                                  F::DotProductAttentionFuncOptions().valid_lens(lens));
+       },
        "d2l::dot_product_attention", "values"},
-      {"dot_product_attention lengths", [=] { F::dot_product_attention(q, k, v, sparse(lens2)); },
+      {"dot_product_attention lengths",
+       [=] {
+         F::dot_product_attention(q, k, v,
+                                  F::DotProductAttentionFuncOptions().valid_lens(sparse(lens2)));
+       },
        "d2l::dot_product_attention", "valid_lens"},
       {"DotProductAttention lengths", [=] { d2l::DotProductAttention(0.0)(q, k, v, sparse(lens)); },
        "d2l::dot_product_attention", "valid_lens"},  // forward is the functional form
       {"additive_attention W_q",
-       [=] { F::additive_attention(q, k, v, sparse(W_q), W_k, w_v, lens); },
+       [=] {
+         F::additive_attention(
+             q, k, v, F::AdditiveAttentionFuncOptions(sparse(W_q), W_k, w_v).valid_lens(lens));
+       },
        "d2l::additive_attention", "W_q"},
       {"additive_attention w_v",
-       [=] { F::additive_attention(q, k, v, W_q, W_k, sparse(w_v), lens); },
+       [=] {
+         F::additive_attention(
+             q, k, v, F::AdditiveAttentionFuncOptions(W_q, W_k, sparse(w_v)).valid_lens(lens));
+       },
        "d2l::additive_attention", "w_v"},
       {"additive_attention lengths",
-       [=] { F::additive_attention(q, k, v, W_q, W_k, w_v, sparse(lens)); },
+       [=] {
+         F::additive_attention(
+             q, k, v, F::AdditiveAttentionFuncOptions(W_q, W_k, w_v).valid_lens(sparse(lens)));
+       },
        "d2l::additive_attention", "valid_lens"},
       {"additive_scores projected_keys",
        [=] {
@@ -94,11 +119,15 @@ TEST(ReliabilityLayouts, Float16OnTheCpuWorksOrIsRefusedWithAdvice) {
   const auto v = torch::randn({2, 5, 2}).to(torch::kHalf);
   const auto lens = torch::tensor({1, 4});
   const auto q_before = q.clone(), k_before = k.clone(), v_before = v.clone();
-  const auto call = [&] { return d2l::functional::dot_product_attention(q, k, v, lens); };
+  const auto call = [&] {
+    return d2l::functional::dot_product_attention(
+        q, k, v, d2l::functional::DotProductAttentionFuncOptions().valid_lens(lens));
+  };
   if (d2l::detail::cpu_float16_matmul_available()) {
     const auto [out, weights] = call();
     const auto [expected, expected_weights] = d2l::functional::dot_product_attention(
-        q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat), lens);
+        q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat),
+        d2l::functional::DotProductAttentionFuncOptions().valid_lens(lens));
     EXPECT_TRUE(torch::allclose(out.to(torch::kFloat), expected, 1e-2, 1e-2));
   } else {
     EXPECT_THAT(error_message(call),
@@ -107,9 +136,12 @@ TEST(ReliabilityLayouts, Float16OnTheCpuWorksOrIsRefusedWithAdvice) {
                       HasSubstr("[2, 3, 4]"), HasSubstr("use bfloat16 or float32")));
     const auto W = torch::randn({6, 4}).to(torch::kHalf);
     const auto w_v = torch::randn({1, 6}).to(torch::kHalf);
-    EXPECT_THAT(
-        error_message([&] { d2l::functional::additive_attention(q, k, v, W, W, w_v, lens); }),
-        HasSubstr("d2l::additive_attention: float16 on the CPU needs LibTorch 2.x"));
+    EXPECT_THAT(error_message([&] {
+                  d2l::functional::additive_attention(
+                      q, k, v,
+                      d2l::functional::AdditiveAttentionFuncOptions(W, W, w_v).valid_lens(lens));
+                }),
+                HasSubstr("d2l::additive_attention: float16 on the CPU needs LibTorch 2.x"));
   }
   EXPECT_TRUE(torch::equal(q, q_before) && torch::equal(k, k_before) && torch::equal(v, v_before));
 }

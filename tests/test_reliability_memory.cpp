@@ -32,7 +32,7 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 
 // ---------------------------------------------------------------------------
 // Memory: resident set size over 10,000 forward + backward calls.
@@ -83,7 +83,8 @@ TEST(ReliabilityMemory, TenThousandForwardBackwardCallsDoNotGrowMemory) {
   ASSERT_GT(resident_kib(), 0) << "no VmRSS in /proc/self/status";
   torch::manual_seed(36);
   d2l::AdditiveAttention additive(4, 4, 8, 0.1);
-  d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(Path::kComposite));
+  d2l::DotProductAttention dot(
+      d2l::DotProductAttentionOptions().backend(AttentionBackend::kComposite));
   const auto q = torch::randn({2, 3, 4}).requires_grad_(), k = torch::randn({2, 10, 4});
   const auto v = torch::randn({2, 10, 4}), lens = torch::tensor({{3, 10, 0}, {7, 1, 2}});
   const auto growth = growth_kib_over_calls([&] {
@@ -148,7 +149,12 @@ TEST(ReliabilityMemory, LargeOutputsAskForHugePages) {
   const int64_t n = 2900;
   const auto weights = std::get<1>(d2l::functional::dot_product_attention(
       torch::randn({1, n, 4}), torch::randn({1, n, 4}), torch::randn({1, n, 4}),
-      torch::tensor({n - 10}), 0.0, false, Path::kFused, /*need_weights=*/true));
+      d2l::functional::DotProductAttentionFuncOptions()
+          .valid_lens(torch::tensor({n - 10}))
+          .dropout(0.0)
+          .training(false)
+          .backend(AttentionBackend::kFused)
+          .need_weights(true)));
   EXPECT_TRUE(huge_pages_flagged(weights));
 }
 

@@ -20,7 +20,7 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 using d2l::testing::masked_softmax_by;
 using d2l::testing::max_rel_error;
 using d2l::testing::reference_masked_softmax;
@@ -100,9 +100,9 @@ using MaskedSoftmax = std::function<torch::Tensor(const torch::Tensor&, const to
 
 void check_masked_softmax_numerics(const torch::Device& device) {
   const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
-      {"composite", masked_softmax_by(Path::kComposite)},
-      {"fused", masked_softmax_by(Path::kFused)},
-      {"auto", masked_softmax_by(Path::kAuto)}};
+      {"composite", masked_softmax_by(AttentionBackend::kComposite)},
+      {"fused", masked_softmax_by(AttentionBackend::kFused)},
+      {"auto", masked_softmax_by(AttentionBackend::kAuto)}};
   torch::manual_seed(32);
   for (int64_t m : {5, 13}) {
     const auto lens = hostile_lens(m);
@@ -197,11 +197,16 @@ void check_dot_product_numerics(const torch::Device& device) {
   const auto q = torch::randn({B, n, d}, torch::kDouble),
              v = torch::randn({B, m, 2}, torch::kDouble);
   const auto G = torch::randn({B, n, 2}, torch::kDouble);
-  auto attend = [&](Path path) {
+  auto attend = [&](AttentionBackend path) {
     return
         [&lens, path](const torch::Tensor& qq, const torch::Tensor& kk, const torch::Tensor& vv) {
           return std::get<0>(d2l::functional::dot_product_attention(
-              qq, kk, vv, lens.to(qq.device()), 0, false, path));
+              qq, kk, vv,
+              d2l::functional::DotProductAttentionFuncOptions()
+                  .valid_lens(lens.to(qq.device()))
+                  .dropout(0)
+                  .training(false)
+                  .backend(path)));
         };
   };
   for (const auto& c : kDtypeCases) {
@@ -209,9 +214,10 @@ void check_dot_product_numerics(const torch::Device& device) {
     // Large enough that q . k overflows in this dtype.
     const double hostile = c.dtype == torch::kDouble ? 1e308 : c.dtype == torch::kHalf ? 6e4 : 3e38;
     const auto [keys, clean] = keys_with_hostile_masked_rows(B, m, d, lens, hostile);
-    const auto want = output_and_grads(attend(Path::kComposite), {q, clean, v}, {}, G);
-    for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
-      if (path == Path::kFused && !device.is_cpu()) continue;
+    const auto want = output_and_grads(attend(AttentionBackend::kComposite), {q, clean, v}, {}, G);
+    for (AttentionBackend path :
+         {AttentionBackend::kComposite, AttentionBackend::kFused, AttentionBackend::kAuto}) {
+      if (path == AttentionBackend::kFused && !device.is_cpu()) continue;
       const auto what =
           describe(fmt::format("dot_product_attention path={}", static_cast<int>(path)), c, device);
       auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
@@ -244,15 +250,16 @@ void check_additive_numerics(const torch::Device& device) {
     if (c.dtype == torch::kHalf && device.is_cpu()) continue;
     const double hostile = c.dtype == torch::kHalf ? 6e4 : 1e30;
     const auto [keys, clean] = keys_with_hostile_masked_rows(B, m, d, lens, hostile);
-    for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
-      if (path == Path::kFused && !device.is_cpu()) continue;
+    for (AttentionBackend path :
+         {AttentionBackend::kComposite, AttentionBackend::kFused, AttentionBackend::kAuto}) {
+      if (path == AttentionBackend::kFused && !device.is_cpu()) continue;
       const auto what =
           describe(fmt::format("AdditiveAttention path={}", static_cast<int>(path)), c, device);
       torch::manual_seed(35);
-      d2l::AdditiveAttention attention(d2l::AdditiveAttentionOptions(d, 6, 7).path(path));
+      d2l::AdditiveAttention attention(d2l::AdditiveAttentionOptions(d, 6, 7).backend(path));
       torch::manual_seed(35);
       d2l::AdditiveAttention reference(
-          d2l::AdditiveAttentionOptions(d, 6, 7).path(Path::kComposite));
+          d2l::AdditiveAttentionOptions(d, 6, 7).backend(AttentionBackend::kComposite));
       attention->to(device, c.dtype);
       reference->to(torch::kDouble);
       auto cast = [&](const torch::Tensor& t) { return t.to(device, c.dtype); };
@@ -298,11 +305,12 @@ TEST(ReliabilityNumerics, RowsWithNoValidPositionGiveZerosAndZeroGradients) {
       const auto q = torch::randn({2, 3, 4}, options), k = torch::randn({2, 5, 4}, options);
       const auto v = torch::randn({2, 5, 3}, options);
       const auto G = torch::randn({2, 3, 3}, torch::kDouble);
-      for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
-        if (path == Path::kFused && !device.is_cpu()) continue;
+      for (AttentionBackend path :
+           {AttentionBackend::kComposite, AttentionBackend::kFused, AttentionBackend::kAuto}) {
+        if (path == AttentionBackend::kFused && !device.is_cpu()) continue;
         const auto what = describe(fmt::format("path={}", static_cast<int>(path)), c, device);
-        d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(path));
-        d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).path(path));
+        d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().backend(path));
+        d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).backend(path));
         additive->to(device, c.dtype);
         for (const auto& lens : no_valid) {
           if (c.dtype == torch::kHalf && device.is_cpu()) continue;  // no CPU float16 bmm
@@ -327,9 +335,10 @@ TEST(ReliabilityNumerics, FloatingLengthsBeyondInt64MeanAllValid) {
   torch::manual_seed(38);
   const auto q = torch::randn({2, 3, 4}), k = torch::randn({2, 5, 4}), v = torch::randn({2, 5, 3});
   const auto huge = torch::tensor({1e20, 3.0}), plain = torch::tensor({5, 3});
-  for (Path path : {Path::kComposite, Path::kFused, Path::kAuto}) {
-    d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().path(path));
-    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).path(path));
+  for (AttentionBackend path :
+       {AttentionBackend::kComposite, AttentionBackend::kFused, AttentionBackend::kAuto}) {
+    d2l::DotProductAttention dot(d2l::DotProductAttentionOptions().backend(path));
+    d2l::AdditiveAttention additive(d2l::AdditiveAttentionOptions(4, 4, 6).backend(path));
     EXPECT_TRUE(torch::equal(dot(q, k, v, huge), dot(q, k, v, plain))) << static_cast<int>(path);
     EXPECT_TRUE(torch::equal(additive(q, k, v, huge), additive(q, k, v, plain)))
         << static_cast<int>(path);
@@ -349,8 +358,8 @@ TEST(ReliabilityNumerics, NonFiniteValidScoresNeverLeakIntoMaskedPositions) {
   }
   const auto saved = d2l::cpu_isa();
   const std::vector<std::pair<std::string, MaskedSoftmax>> paths = {
-      {"composite", masked_softmax_by(Path::kComposite)},
-      {"fused", masked_softmax_by(Path::kFused)}};
+      {"composite", masked_softmax_by(AttentionBackend::kComposite)},
+      {"fused", masked_softmax_by(AttentionBackend::kFused)}};
   for (const auto isa : isas) {
     d2l::set_cpu_isa(isa);
     for (int64_t m : {2, 5, 6, 9, 13, 17, 33}) {

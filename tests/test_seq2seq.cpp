@@ -82,7 +82,8 @@ TEST(Seq2Seq, ParametersAreNamedAsInThePythonStateDict) {
 // Parity with the book's PyTorch code (tests/fixtures/generate_fixtures_seq2seq.py)
 
 // Fixture name and the implementation of the decoder's attention scores.
-class Seq2SeqParity : public ::testing::TestWithParam<std::tuple<std::string, d2l::Path>> {};
+class Seq2SeqParity
+    : public ::testing::TestWithParam<std::tuple<std::string, d2l::AttentionBackend>> {};
 
 TEST_P(Seq2SeqParity, MatchesThePythonReference) {
   const auto& [name, path] = GetParam();
@@ -98,7 +99,7 @@ TEST_P(Seq2SeqParity, MatchesThePythonReference) {
                                 .dropout(f.scalar("dropout")));
   if (attention) {
     std::dynamic_pointer_cast<d2l::Seq2SeqAttentionDecoderImpl>(model->decoder)
-        ->attention->options.path(path);
+        ->attention->options.backend(path);
   }
   model->to(is_double ? torch::kDouble : torch::kFloat);
   model->eval();
@@ -155,18 +156,20 @@ TEST_P(Seq2SeqParity, MatchesThePythonReference) {
   expect_close(step_state.hidden_state, "stepwise.hidden_state");
   if (attention) expect_close(torch::cat(weights, 1), "stepwise.attention_weights");
   RecordProperty("max_rel_error", std::to_string(worst));
-  std::cout << "[ parity   ] " << name << (path == d2l::Path::kComposite ? " (composite)" : "")
+  std::cout << "[ parity   ] " << name
+            << (path == d2l::AttentionBackend::kComposite ? " (composite)" : "")
             << ": max relative error " << worst << '\n';
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, Seq2SeqParity,
-    ::testing::Values(std::make_tuple("seq2seq_attention_float32", d2l::Path::kAuto),
-                      std::make_tuple("seq2seq_attention_float64", d2l::Path::kAuto),
-                      std::make_tuple("seq2seq_attention_float32", d2l::Path::kComposite),
-                      std::make_tuple("seq2seq_attention_float64", d2l::Path::kComposite),
-                      std::make_tuple("seq2seq_plain_float32", d2l::Path::kAuto),
-                      std::make_tuple("seq2seq_plain_float64", d2l::Path::kAuto)));
+    ::testing::Values(
+        std::make_tuple("seq2seq_attention_float32", d2l::AttentionBackend::kAuto),
+        std::make_tuple("seq2seq_attention_float64", d2l::AttentionBackend::kAuto),
+        std::make_tuple("seq2seq_attention_float32", d2l::AttentionBackend::kComposite),
+        std::make_tuple("seq2seq_attention_float64", d2l::AttentionBackend::kComposite),
+        std::make_tuple("seq2seq_plain_float32", d2l::AttentionBackend::kAuto),
+        std::make_tuple("seq2seq_plain_float64", d2l::AttentionBackend::kAuto)));
 
 // ---------------------------------------------------------------------------
 // Errors

@@ -21,7 +21,7 @@
 
 namespace {
 
-using d2l::Path;
+using d2l::AttentionBackend;
 using d2l::testing::max_rel_error;
 
 constexpr double kTrainingDropoutP = 0.3;
@@ -72,7 +72,7 @@ DroppedWeights read_back_dropout_mask(const torch::Tensor& dropped, const torch:
 double dropout_tolerance(torch::Dtype dtype) { return dtype == torch::kDouble ? 1e-12 : 2e-5; }
 
 // Dot-product attention of random q, k and identity values, in training.
-void check_dot_product_dropout(Path path, torch::Dtype dtype, bool need_weights,
+void check_dot_product_dropout(AttentionBackend path, torch::Dtype dtype, bool need_weights,
                                const std::string& what) {
   torch::manual_seed(41);
   const int64_t B = 3, n = 5, m = 19, d = 6;
@@ -82,8 +82,14 @@ void check_dot_product_dropout(Path path, torch::Dtype dtype, bool need_weights,
   const auto G = torch::randn({B, n, m}, torch::kDouble);
   auto q = q64.to(dtype).requires_grad_(), k = k64.to(dtype).requires_grad_();
   auto v = torch::eye(m, torch::kDouble).expand({B, m, m}).to(dtype).contiguous().requires_grad_();
-  const auto [out, weights] = d2l::functional::dot_product_attention(
-      q, k, v, lens, kTrainingDropoutP, /*training=*/true, path, need_weights);
+  const auto [out, weights] =
+      d2l::functional::dot_product_attention(q, k, v,
+                                             d2l::functional::DotProductAttentionFuncOptions()
+                                                 .valid_lens(lens)
+                                                 .dropout(kTrainingDropoutP)
+                                                 .training(true)
+                                                 .backend(path)
+                                                 .need_weights(need_weights));
   (out * G.to(dtype)).sum().backward();
 
   const auto qd = q.detach().to(torch::kDouble).requires_grad_();
@@ -108,7 +114,8 @@ void check_dot_product_dropout(Path path, torch::Dtype dtype, bool need_weights,
 using TrainingDropout = d2l::testing::Fused;
 
 TEST_P(TrainingDropout, DotProductOutputIsTheScaledMaskedWeightsAndGradientsFollow) {
-  for (auto path : {Path::kComposite, Path::kFused, Path::kAuto}) {
+  for (auto path :
+       {AttentionBackend::kComposite, AttentionBackend::kFused, AttentionBackend::kAuto}) {
     for (auto dtype : {torch::kFloat, torch::kDouble}) {
       for (bool need_weights : {true, false}) {
         check_dot_product_dropout(path, dtype, need_weights,
@@ -121,11 +128,11 @@ TEST_P(TrainingDropout, DotProductOutputIsTheScaledMaskedWeightsAndGradientsFoll
 
 // Multi-head attention with W_v = W_o = I and values whose head h is the
 // identity: the output's head h is head h's dropout(weights).
-void check_multi_head_dropout(Path path, torch::Dtype dtype, const std::string& what) {
+void check_multi_head_dropout(AttentionBackend path, torch::Dtype dtype, const std::string& what) {
   torch::manual_seed(43);
   const int64_t B = 2, n = 3, m = 5, heads = 2, h = heads * m;
   d2l::MultiHeadAttention mha(
-      d2l::MultiHeadAttentionOptions(6, 4, h, h, heads).dropout(kTrainingDropoutP).path(path));
+      d2l::MultiHeadAttentionOptions(6, 4, h, h, heads).dropout(kTrainingDropoutP).backend(path));
   mha->to(dtype);
   mha->train();
   {
@@ -166,7 +173,7 @@ void check_multi_head_dropout(Path path, torch::Dtype dtype, const std::string& 
 }
 
 TEST_P(TrainingDropout, MultiHeadOutputIsEachHeadsScaledMaskedWeights) {
-  for (auto path : {Path::kComposite, Path::kFused}) {
+  for (auto path : {AttentionBackend::kComposite, AttentionBackend::kFused}) {
     for (auto dtype : {torch::kFloat, torch::kDouble}) {
       check_multi_head_dropout(path, dtype,
                                fmt::format("{} {}", d2l::to_string(path), c10::toString(dtype)));
@@ -177,15 +184,15 @@ TEST_P(TrainingDropout, MultiHeadOutputIsEachHeadsScaledMaskedWeights) {
 INSTANTIATE_TEST_SUITE_P(Isa, TrainingDropout, ::testing::ValuesIn(d2l::testing::all_isas()),
                          [](const auto& info) { return d2l::to_string(info.param); });
 
-// SDPA draws its own dropout (Path::kSdpa); the mask reads back the same way.
+// SDPA draws its own dropout (AttentionBackend::kSdpa); the mask reads back the same way.
 TEST(TrainingDropoutSdpa, DotProductOutputIsTheScaledMaskedWeights) {
 #if D2L_HAS_SDPA
   for (auto dtype : {torch::kFloat, torch::kDouble}) {
-    check_dot_product_dropout(Path::kSdpa, dtype, /*need_weights=*/false,
+    check_dot_product_dropout(AttentionBackend::kSdpa, dtype, /*need_weights=*/false,
                               fmt::format("sdpa {}", c10::toString(dtype)));
   }
 #else
-  GTEST_SKIP() << "Path::kSdpa needs LibTorch 2.1 (this is " << d2l::torch_version()
+  GTEST_SKIP() << "AttentionBackend::kSdpa needs LibTorch 2.1 (this is " << d2l::torch_version()
                << "): its training dropout is not checked";
 #endif
 }

@@ -128,7 +128,7 @@ inline std::set<std::string> parameter_name_set(const torch::nn::Module& m) {
 }
 
 /// d2l::masked_softmax by one path, as a function of (X, valid_lens).
-inline auto masked_softmax_by(d2l::Path path) {
+inline auto masked_softmax_by(d2l::AttentionBackend path) {
   return [path](const torch::Tensor& X, const torch::Tensor& valid_lens) {
     return d2l::masked_softmax(X, valid_lens, path);
   };

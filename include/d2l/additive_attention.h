@@ -28,36 +28,105 @@ struct AdditiveAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Fused CPU kernel, the book's composite ops, or the best for the device
   /// (on CUDA: scores by blocks of queries, so memory stays bounded).
-  TORCH_ARG(Path, path) = Path::kAuto;
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
   /// turn off in inference servers to save the memory and the lock.
   TORCH_ARG(bool, record_attention_weights) = true;
 
-  D2L_DEPRECATED_IMPL_OPTION(AdditiveAttentionOptions)
+ public:
+  /// The `backend` option's name in 0.2, kept for one minor version.
+  [[deprecated("the `path` option is now `backend`")]] AdditiveAttentionOptions& path(
+      AttentionBackend backend) {
+    return this->backend(backend);
+  }
+  [[deprecated("the `path` option is now `backend`")]] AttentionBackend path() const {
+    return backend();
+  }
 };
 
 namespace functional {
+
+/// The settings of functional::additive_scores.
+struct AdditiveScoresFuncOptions {
+  /// Which implementation runs (AttentionBackend; kSdpa is an error).
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
+};
+
 /// Additive attention scores w_vᵀ tanh(q_i + k_j) for queries already projected
 /// by W_q, (B, n, h), keys already projected by W_k, (B, m, h), and `w_v` of
 /// shape (1, h) (the weight of the bias-free Linear(h, 1)). Returns (B, n, m).
-/// No path but kComposite holds the (B, n, m, h) features: the fused CPU kernel
-/// and the chunked path (other devices) recompute tanh in backward.
+/// No path but the composite one holds the (B, n, m, h) features: the fused
+/// CPU kernel and the chunked path (other devices) recompute tanh in backward.
 torch::Tensor additive_scores(const torch::Tensor& projected_queries,
                               const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                              Path path = Path::kAuto);
+                              const AdditiveScoresFuncOptions& options = {});
+
+/// The weights and settings of functional::additive_attention, as LibTorch's
+/// F::MultiheadAttentionForwardFuncOptions: the weights of the three
+/// bias-free Linear layers in the constructor, W_q (h, query_size), W_k (h,
+/// key_size) and w_v (1, h); the rest optional.
+struct AdditiveAttentionFuncOptions {
+  AdditiveAttentionFuncOptions(torch::Tensor W_q, torch::Tensor W_k, torch::Tensor w_v);
+  TORCH_ARG(torch::Tensor, W_q);
+  TORCH_ARG(torch::Tensor, W_k);
+  TORCH_ARG(torch::Tensor, w_v);
+  /// Valid lengths, (B) or (B, n); undefined: every key is valid.
+  TORCH_ARG(torch::Tensor, valid_lens) = {};
+  /// Probability of zeroing an attention weight when `training`; in [0, 1].
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(bool, training) = false;
+  /// Which implementation runs (AttentionBackend; kSdpa is an error);
+  /// explain_path says which path it takes for given inputs.
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
+  /// Whether to return the weights.
+  TORCH_ARG(bool, need_weights) = true;
+};
 
 /// The book's additive attention: weights = masked_softmax(w_vᵀ tanh(W_q q_i +
 /// W_k k_j), valid_lens), output = dropout(weights) V. `queries` (B, n,
-/// query_size), `keys` (B, m, key_size), `values` (B, m, v); `W_q` (h,
-/// query_size), `W_k` (h, key_size) and `w_v` (1, h) are the weights of the
-/// three bias-free Linear layers. Returns (output (B, n, v), attention_weights
-/// (B, n, m) before dropout, or undefined when `need_weights` is false).
+/// query_size), `keys` (B, m, key_size), `values` (B, m, v). Returns (output
+/// (B, n, v), attention_weights (B, n, m) before dropout, or undefined when
+/// `need_weights` is false).
 std::tuple<torch::Tensor, torch::Tensor> additive_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& W_q, const torch::Tensor& W_k, const torch::Tensor& w_v,
-    const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
-    Path path = Path::kAuto, bool need_weights = true);
+    const AdditiveAttentionFuncOptions& options);
+
+/// The positional forms of 0.2, kept for one minor version.
+[[deprecated(
+    "use functional::additive_scores(q, k, w_v, "
+    "AdditiveScoresFuncOptions().backend(b))")]] inline torch::Tensor
+additive_scores(const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
+                const torch::Tensor& w_v, AttentionBackend backend) {
+  return additive_scores(projected_queries, projected_keys, w_v,
+                         AdditiveScoresFuncOptions().backend(backend));
+}
+[[deprecated(
+    "use functional::additive_attention(q, k, v, AdditiveAttentionFuncOptions(W_q, W_k, w_v)"
+    ".valid_lens(l).dropout(p).training(t).backend(b).need_weights(w))")]] inline std::
+    tuple<torch::Tensor, torch::Tensor>
+    additive_attention(const torch::Tensor& queries, const torch::Tensor& keys,
+                       const torch::Tensor& values, const torch::Tensor& W_q,
+                       const torch::Tensor& W_k, const torch::Tensor& w_v,
+                       const torch::Tensor& valid_lens = {}, double dropout = 0.0,
+                       bool training = false, AttentionBackend backend = AttentionBackend::kAuto,
+                       bool need_weights = true) {
+  return additive_attention(queries, keys, values,
+                            AdditiveAttentionFuncOptions(W_q, W_k, w_v)
+                                .valid_lens(valid_lens)
+                                .dropout(dropout)
+                                .training(training)
+                                .backend(backend)
+                                .need_weights(need_weights));
+}
+
 }  // namespace functional
+
+/// Which path functional::additive_attention takes for these arguments, and
+/// why it refused the faster ones; the same checks and errors as the call,
+/// without computing anything.
+PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values,
+                             const functional::AdditiveAttentionFuncOptions& options);
 
 /// d2l's `AdditiveAttention`: queries (B, n, query_size), keys (B, m, key_size),
 /// values (B, m, v) -> (B, n, v). Parameters are named exactly as in the book's
@@ -76,6 +145,20 @@ class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl>
 
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+
+  /// forward, returning (output, weights (B, n, m) before dropout, with their
+  /// graph) and leaving `attention_weights` alone, as LibTorch's
+  /// MultiheadAttention::forward returns (attn_output, attn_output_weights).
+  /// Safe to call from many threads at once.
+  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
+      const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+      const torch::Tensor& valid_lens = {});
+
+  /// Which path forward takes for these inputs in the module's mode, and why
+  /// (explain_path with the module's weights, dropout and options).
+  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values,
+                               const torch::Tensor& valid_lens = {}) const;
 
   AdditiveAttentionOptions options;
   torch::nn::Linear W_k{nullptr};

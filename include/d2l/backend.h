@@ -2,19 +2,23 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace d2l {
 
-/// Which implementation ("path") an attention function or module runs: the
-/// `path` argument of every function and the `path` option of every module
-/// (README, "Choosing a path").
-enum class Path {
-  /// The fastest correct path for the inputs (README, "Choosing a path"):
-  /// the fused kernels on the CPU, the composite path elsewhere (CUDA:
-  /// composite softmax, chunked additive scores). Dot-product attention that
-  /// draws no training dropout runs the flash kernel on the CPU (writing the
-  /// weights when they are asked), and without weights LibTorch's
-  /// scaled_dot_product_attention on CUDA (2.1+).
+/// Which implementation an attention function or module runs, as PyTorch's
+/// SDPBackend does for scaled_dot_product_attention: the `backend` field of
+/// every FuncOptions, the `backend` option of every module and the last
+/// argument of masked_softmax (docs/api.md, "Choosing a backend"). Within a
+/// backend each op takes one of its paths (flash, fused softmax, chunked,
+/// ...): explain_path says which and why.
+enum class AttentionBackend {
+  /// The fastest correct path for the inputs (docs/api.md, "Choosing a
+  /// backend"): the fused kernels on the CPU, the composite path elsewhere
+  /// (CUDA: composite softmax, chunked additive scores). Dot-product
+  /// attention that draws no training dropout runs the flash kernel on the
+  /// CPU (writing the weights when they are asked), and without weights
+  /// LibTorch's scaled_dot_product_attention on CUDA (2.1+).
   kAuto,
   /// The book's formulation with ATen ops: the readable oracle.
   kComposite,
@@ -29,19 +33,33 @@ enum class Path {
   kSdpa,
 };
 
-/// The name of Path before 0.2, kept for one release.
-using Impl [[deprecated("d2l::Impl is now d2l::Path (and the `impl` options are `path`)")]] = Path;
+/// The name of AttentionBackend in 0.2, kept for one minor version (it read
+/// as a file path beside load_state_dict(module, path)).
+using Path [[deprecated(
+    "d2l::Path is now d2l::AttentionBackend (and the `path` options are `backend`)")]] =
+    AttentionBackend;
 
 /// "auto", "composite", "fused" or "sdpa".
-std::string to_string(Path path);
+std::string to_string(AttentionBackend backend);
 
-/// Inside an options struct that has `TORCH_ARG(Path, path)`: the option's
-/// name before 0.2, `impl`, as a deprecated alias kept for one release.
-/// (TORCH_ARG leaves the access private.)
-#define D2L_DEPRECATED_IMPL_OPTION(Options)                                                   \
- public:                                                                                      \
-  [[deprecated("the `impl` option is now `path`")]] Options& impl(Path p) { return path(p); } \
-  [[deprecated("the `impl` option is now `path`")]] Path impl() const { return path(); }
+/// What an attention call runs, and why not something faster: what
+/// explain_path returns (docs/api.md, "Which path runs, and why").
+struct PathExplanation {
+  /// The function or module asked about, as its errors name it.
+  std::string op;
+  /// The backend asked for.
+  AttentionBackend backend = AttentionBackend::kAuto;
+  /// The path the call runs. Dot-product attention: "flash", "sdpa",
+  /// "fused_softmax" or "composite"; additive attention: "fused_projections",
+  /// "fused_values", "fused_scores", "chunked" or "composite".
+  std::string path;
+  /// Why each path faster than `path` was refused, fastest first, each as
+  /// "<path>: <reason>"; empty when the fastest path for the device runs.
+  std::vector<std::string> reasons;
+  /// One line: "d2l::dot_product_attention (backend auto): fused_softmax;
+  /// flash: ...".
+  std::string to_string() const;
+};
 
 /// Instruction sets the fused CPU kernels are compiled for: generic C++
 /// (what the compiler makes of it for the baseline x86-64), AVX2 + FMA (8

@@ -17,28 +17,79 @@ struct DotProductAttentionOptions {
   /// Probability of zeroing an attention weight during training.
   TORCH_ARG(double, dropout) = 0.0;
   /// Fused CPU kernel, the book's composite ops, LibTorch's SDPA, or the best
-  /// for the inputs (Path).
-  TORCH_ARG(Path, path) = Path::kAuto;
+  /// for the inputs (AttentionBackend).
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
   /// Keep each forward's weights in `attention_weights` (as the book does);
   /// turn off in inference servers to save the memory and the lock. Off, no
-  /// (B, n, m) tensor is made on the CPU, and Path::kAuto runs SDPA on CUDA
-  /// (Path).
+  /// (B, n, m) tensor is made on the CPU, and AttentionBackend::kAuto runs
+  /// SDPA on CUDA.
   TORCH_ARG(bool, record_attention_weights) = true;
 
-  D2L_DEPRECATED_IMPL_OPTION(DotProductAttentionOptions)
+ public:
+  /// The `backend` option's name in 0.2, kept for one minor version.
+  [[deprecated("the `path` option is now `backend`")]] DotProductAttentionOptions& path(
+      AttentionBackend backend) {
+    return this->backend(backend);
+  }
+  [[deprecated("the `path` option is now `backend`")]] AttentionBackend path() const {
+    return backend();
+  }
 };
 
 namespace functional {
-/// Scaled dot-product attention, softmax(Q Kᵀ / √d) V with masking by
-/// `valid_lens` ((batch) or (batch, queries)). Returns (output, attention_weights);
-/// the weights are those before dropout, as the book stores them. With
-/// `need_weights` false the weights are undefined, no (B, n, m) tensor is
-/// made on the CPU, and Path::kAuto may run LibTorch's SDPA on CUDA (Path).
+
+/// The settings of functional::dot_product_attention, as LibTorch's
+/// F::MultiheadAttentionForwardFuncOptions: every field optional.
+struct DotProductAttentionFuncOptions {
+  /// Valid lengths, (B) or (B, n), of any integer dtype (or floating holding
+  /// whole numbers); undefined: every key is valid.
+  TORCH_ARG(torch::Tensor, valid_lens) = {};
+  /// Probability of zeroing an attention weight when `training`; in [0, 1].
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(bool, training) = false;
+  /// Which implementation runs (AttentionBackend); explain_path says which
+  /// path it takes for given inputs.
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
+  /// Whether to return the weights. Off, no (B, n, m) tensor is made on the
+  /// CPU, and AttentionBackend::kAuto may run LibTorch's SDPA on CUDA.
+  TORCH_ARG(bool, need_weights) = true;
+};
+
+/// Scaled dot-product attention, softmax(Q Kᵀ / √d) V, masked by
+/// `options.valid_lens()`: queries (B, n, d), keys (B, m, d), values (B, m,
+/// v). Returns (output (B, n, v), attention_weights (B, n, m) before dropout,
+/// as the book stores them, or undefined when `need_weights` is false).
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens = {}, double dropout = 0.0, bool training = false,
-    Path path = Path::kAuto, bool need_weights = true);
+    const DotProductAttentionFuncOptions& options = {});
+
+/// The positional form of 0.2, kept for one minor version.
+[[deprecated(
+    "use functional::dot_product_attention(q, k, v, DotProductAttentionFuncOptions()"
+    ".valid_lens(l).dropout(p).training(t).backend(b).need_weights(w))")]] inline std::
+    tuple<torch::Tensor, torch::Tensor>
+    dot_product_attention(const torch::Tensor& queries, const torch::Tensor& keys,
+                          const torch::Tensor& values, const torch::Tensor& valid_lens,
+                          double dropout = 0.0, bool training = false,
+                          AttentionBackend backend = AttentionBackend::kAuto,
+                          bool need_weights = true) {
+  return dot_product_attention(queries, keys, values,
+                               DotProductAttentionFuncOptions()
+                                   .valid_lens(valid_lens)
+                                   .dropout(dropout)
+                                   .training(training)
+                                   .backend(backend)
+                                   .need_weights(need_weights));
+}
+
 }  // namespace functional
+
+/// Which path functional::dot_product_attention takes for these arguments,
+/// and why it refused the faster ones; the same checks and errors as the
+/// call, without computing anything.
+PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values,
+                             const functional::DotProductAttentionFuncOptions& options = {});
 
 /// d2l's `DotProductAttention`: queries (B, n, d), keys (B, m, d), values (B, m, v)
 /// -> (B, n, v). `forward` is functional::dot_product_attention with the
@@ -56,6 +107,20 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
 
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+
+  /// forward, returning (output, weights (B, n, m) before dropout, with their
+  /// graph) and leaving `attention_weights` alone, as LibTorch's
+  /// MultiheadAttention::forward returns (attn_output, attn_output_weights).
+  /// Safe to call from many threads at once.
+  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
+      const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+      const torch::Tensor& valid_lens = {});
+
+  /// Which path forward takes for these inputs in the module's mode, and why
+  /// (explain_path with the module's dropout and options).
+  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values,
+                               const torch::Tensor& valid_lens = {}) const;
 
   DotProductAttentionOptions options;
   torch::nn::Dropout dropout{nullptr};

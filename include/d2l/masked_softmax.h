@@ -16,28 +16,12 @@ namespace d2l {
 /// weights that the book's -1e6 fill produces. Masked scores never reach the
 /// result, even when they are inf or NaN.
 ///
-/// `path`: Path::kComposite is the book's formulation (sequence mask +
-/// softmax), the readable oracle; Path::kFused the fused CPU kernel
-/// (vectorised, parallel over rows, float16 and bfloat16 computed in float),
-/// an error for tensors on another device; Path::kAuto the fused kernel for
-/// CPU tensors and the composite path elsewhere. Path::kSdpa is an error.
+/// `backend`: AttentionBackend::kComposite is the book's formulation
+/// (sequence mask + softmax), the readable oracle; kFused the fused CPU
+/// kernel (vectorised, parallel over rows, float16 and bfloat16 computed in
+/// float), an error for tensors on another device; kAuto the fused kernel for
+/// CPU tensors and the composite path elsewhere. kSdpa is an error.
 torch::Tensor masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens = {},
-                             Path path = Path::kAuto);
-
-namespace composite {
-/// Before 0.2: d2l::masked_softmax(X, valid_lens, Path::kComposite).
-[[deprecated("use d2l::masked_softmax(X, valid_lens, d2l::Path::kComposite)")]] inline torch::Tensor
-masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens = {}) {
-  return d2l::masked_softmax(X, valid_lens, Path::kComposite);
-}
-}  // namespace composite
-
-namespace fused {
-/// Before 0.2: d2l::masked_softmax(X, valid_lens, Path::kFused).
-[[deprecated("use d2l::masked_softmax(X, valid_lens, d2l::Path::kFused)")]] inline torch::Tensor
-masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens = {}) {
-  return d2l::masked_softmax(X, valid_lens, Path::kFused);
-}
-}  // namespace fused
+                             AttentionBackend backend = AttentionBackend::kAuto);
 
 }  // namespace d2l

@@ -31,14 +31,22 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Whether the four projections have biases.
   TORCH_ARG(bool, bias) = false;
-  /// Path of the inner DotProductAttention (DotProductAttentionOptions::path).
-  TORCH_ARG(Path, path) = Path::kAuto;
+  /// Backend of the inner DotProductAttention (DotProductAttentionOptions::backend).
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
   /// Whether the inner DotProductAttention keeps the per-head weights of the
   /// last call in `attention->attention_weights`; off for concurrent use
   /// (DotProductAttentionOptions::record_attention_weights).
   TORCH_ARG(bool, record_attention_weights) = true;
 
-  D2L_DEPRECATED_IMPL_OPTION(MultiHeadAttentionOptions)
+ public:
+  /// The `backend` option's name in 0.2, kept for one minor version.
+  [[deprecated("the `path` option is now `backend`")]] MultiHeadAttentionOptions& path(
+      AttentionBackend backend) {
+    return this->backend(backend);
+  }
+  [[deprecated("the `path` option is now `backend`")]] AttentionBackend path() const {
+    return backend();
+  }
 };
 
 /// Splits the features of `X` (B, n, num_hiddens) into heads:
@@ -70,10 +78,21 @@ struct MultiHeadAttentionFuncOptions {
   /// Probability of zeroing an attention weight when `training`.
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, training) = false;
-  /// Path of the per-head dot-product attention.
-  TORCH_ARG(Path, path) = Path::kAuto;
-  /// Whether to return the per-head weights (off, Path::kAuto runs the flash kernel on the CPU, SDPA on CUDA).
+  /// Backend of the per-head dot-product attention.
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
+  /// Whether to return the per-head weights (off, AttentionBackend::kAuto
+  /// runs the flash kernel on the CPU, SDPA on CUDA).
   TORCH_ARG(bool, need_weights) = true;
+
+ public:
+  /// The `backend` option's name in 0.2, kept for one minor version.
+  [[deprecated("the `path` option is now `backend`")]] MultiHeadAttentionFuncOptions& path(
+      AttentionBackend backend) {
+    return this->backend(backend);
+  }
+  [[deprecated("the `path` option is now `backend`")]] AttentionBackend path() const {
+    return backend();
+  }
 };
 
 /// The book's multi-head attention: project queries (B, n, query_size), keys
@@ -108,6 +127,14 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
 
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+
+  /// forward, returning (output, per-head weights (B * num_heads, n, m)
+  /// before dropout, with their graph) and leaving attention->attention_weights
+  /// alone, as LibTorch's MultiheadAttention::forward returns (attn_output,
+  /// attn_output_weights). Safe to call from many threads at once.
+  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
+      const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+      const torch::Tensor& valid_lens = {});
 
   /// attention->attention_weights, read safely while other threads call
   /// forward (Note [Recording attention weights] in src/attention_weights.h).

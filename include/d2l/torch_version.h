@@ -23,7 +23,7 @@ namespace d2l {
 /// The version of LibTorch this library was compiled against, "2.11.0".
 std::string torch_version();
 
-/// Whether this build can run Path::kSdpa (LibTorch 2.1 or newer).
+/// Whether this build can run AttentionBackend::kSdpa (LibTorch 2.1 or newer).
 bool sdpa_available();
 
 }  // namespace d2l

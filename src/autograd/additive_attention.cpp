@@ -26,7 +26,7 @@ using torch::autograd::tensor_list;
 void refuse_double_backward() {
   TORCH_CHECK(!torch::GradMode::is_enabled(),
               "d2l::AdditiveAttention: the fused CPU kernel has no double backward; use "
-              "Path::kComposite when you need create_graph=true");
+              "AttentionBackend::kComposite when you need create_graph=true");
 }
 
 struct ValuesGrads {
@@ -192,7 +192,7 @@ struct ChunkedAdditiveFunction : torch::autograd::Function<ChunkedAdditiveFuncti
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     TORCH_CHECK(!torch::GradMode::is_enabled(),
                 "d2l::additive_scores: the chunked path has no double backward; use "
-                "Path::kComposite when you need create_graph=true");
+                "AttentionBackend::kComposite when you need create_graph=true");
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &w = saved[2];
     const auto& ds = grads[0];

@@ -127,10 +127,10 @@ torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
-                     Path path) {
+                     AttentionBackend backend) {
   const bool bias_fits = !b.defined() || (b.dim() == 1 && b.size(0) == W.size(0) &&
                                           b.device().is_cpu() && b.scalar_type() == W.scalar_type());
-  if (path == Path::kComposite || !bias_fits || !linear_splits_over_threads(x, W)) {
+  if (backend == AttentionBackend::kComposite || !bias_fits || !linear_splits_over_threads(x, W)) {
     return torch::nn::functional::linear(x, W, b);
   }
   return ParallelLinearFunction::apply(x, W, b.defined() ? b : torch::empty({0}, W.options()));
