@@ -180,8 +180,7 @@ void draw_transformer_attention(d2l::EncoderDecoderImpl& net,
   const auto draw = [&](const torch::Tensor& weights, const char* name) {
     const auto path = (out / name).string();
     d2l::show_heatmaps(weights.cpu(), "Key positions", "Query positions", path, titles, {7.0, 3.5});
-    fmt::print("wrote {}
-", path);
+    fmt::print("wrote {}\n", path);
   };
   auto& encoder = dynamic_cast<d2l::TransformerEncoderImpl&>(*net.encoder);
   const auto enc = torch::cat(encoder.attention_weights(), 0)

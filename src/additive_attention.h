@@ -2,8 +2,9 @@
 
 // Additive attention's layers, for the modules built on it: checks, paths
 // and the module in additive_attention.cpp, the autograd functions in
-// autograd/additive_attention.cpp, the kernel in
-// cpu/additive_attention_kernel.cpp.
+// autograd/additive_attention.cpp, the kernels in
+// cpu/additive_attention_{forward,backward}_kernel.cpp (the table in
+// cpu/additive_attention_kernel.cpp); the choice of path in path.cpp.
 
 #include <torch/types.h>
 

@@ -1,9 +1,11 @@
 #pragma once
 
 // The dot-product attention's layers, for the other ops built on it: the
-// checks, composite path and choice of path live in dot_product_attention.cpp,
+// checks and composite path live in dot_product_attention.cpp, the choice of
+// path in path.cpp,
 // the flash autograd function in autograd/dot_product_attention.cpp, the
-// kernel in cpu/dot_product_attention_kernel.cpp.
+// kernels in cpu/dot_product_attention_{forward,backward}_kernel.cpp (the table in
+// cpu/dot_product_attention_kernel.cpp).
 
 #include <d2l/backend.h>
 #include <torch/types.h>

@@ -72,10 +72,9 @@ DecoderBlockImpl::DecoderBlockImpl(int64_t key_size, int64_t query_size, int64_t
                                    int64_t num_hiddens, std::vector<int64_t> norm_shape,
                                    int64_t ffn_num_input, int64_t ffn_num_hiddens,
                                    int64_t num_heads, double dropout, int64_t i_)
-    : DecoderBlockImpl(TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
-                                               std::move(norm_shape), ffn_num_input,
-                                               ffn_num_hiddens, num_heads)
-                           .dropout(dropout),
+    : DecoderBlockImpl(detail::block_options(key_size, query_size, value_size, num_hiddens,
+                                             std::move(norm_shape), ffn_num_input, ffn_num_hiddens,
+                                             num_heads, dropout, /*use_bias=*/false),
                        i_) {}
 
 DecoderBlockImpl::DecoderBlockImpl(const TransformerBlockOptions& options_, int64_t i_)
@@ -176,10 +175,9 @@ TransformerDecoderImpl::TransformerDecoderImpl(int64_t vocab_size, int64_t key_s
                                                double dropout)
     : TransformerDecoderImpl(TransformerOptions(
           vocab_size,
-          TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
-                                  std::move(norm_shape), ffn_num_input, ffn_num_hiddens,
-                                  num_heads)
-              .dropout(dropout),
+          detail::block_options(key_size, query_size, value_size, num_hiddens,
+                                std::move(norm_shape), ffn_num_input, ffn_num_hiddens, num_heads,
+                                dropout, /*use_bias=*/false),
           num_layers)) {}
 
 TransformerDecoderImpl::TransformerDecoderImpl(const TransformerOptions& options_)
@@ -190,16 +188,14 @@ TransformerDecoderImpl::TransformerDecoderImpl(const TransformerOptions& options
 void TransformerDecoderImpl::reset() {
   constexpr const char* fn = "d2l::TransformerDecoder";
   detail::check_transformer_options(fn, options);
-  const auto& b = options.block();
-  embedding = register_module("embedding",
-                              torch::nn::Embedding(options.vocab_size(), b.num_hiddens()));
-  pos_encoding = register_module(
-      "pos_encoding", PositionalEncoding(b.num_hiddens(), b.dropout(), options.max_len()));
+  embedding = register_module("embedding", detail::make_embedding(options));
+  pos_encoding = register_module("pos_encoding", detail::make_positional_encoding(options));
   blks = register_module("blks", torch::nn::Sequential());
   for (int64_t i = 0; i < options.num_layers(); ++i) {
-    blks->push_back("block" + std::to_string(i), DecoderBlock(b, i));
+    blks->push_back("block" + std::to_string(i), DecoderBlock(options.block(), i));
   }
-  dense = register_module("dense", torch::nn::Linear(b.num_hiddens(), options.vocab_size()));
+  dense = register_module("dense",
+                          torch::nn::Linear(options.block().num_hiddens(), options.vocab_size()));
 }
 
 void TransformerDecoderImpl::pretty_print(std::ostream& stream) const {
@@ -207,10 +203,8 @@ void TransformerDecoderImpl::pretty_print(std::ostream& stream) const {
 }
 
 DecoderBlock TransformerDecoderImpl::block(int64_t i) const {
-  TORCH_CHECK(i >= 0 && i < options.num_layers(),
-              fmt::format("d2l::TransformerDecoder::block: i must be in [0, num_layers={}), got {}",
-                          options.num_layers(), i));
-  return DecoderBlock(blks->ptr<DecoderBlockImpl>(static_cast<size_t>(i)));
+  return detail::block_at<DecoderBlock>("d2l::TransformerDecoder::block", blks, i,
+                                        options.num_layers());
 }
 
 DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs,
@@ -261,8 +255,9 @@ std::array<std::vector<torch::Tensor>, 2> TransformerDecoderImpl::block_attentio
 
 torch::Tensor TransformerDecoderImpl::attention_weights() const {
   const int64_t heads = options.block().num_heads();
+  const auto weights = block_attention_weights();
   std::vector<torch::Tensor> cross;
-  for (const auto& w : block_attention_weights()[1]) {
+  for (const auto& w : weights[1]) {
     if (!w.defined()) return {};
     // (B * heads, steps, m) -> (B, 1, heads, steps, m)
     cross.push_back(w.reshape({-1, heads, w.size(1), w.size(2)}).unsqueeze(1));

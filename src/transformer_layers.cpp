@@ -143,11 +143,9 @@ EncoderBlockImpl::EncoderBlockImpl(int64_t key_size, int64_t query_size, int64_t
                                    int64_t num_hiddens, std::vector<int64_t> norm_shape,
                                    int64_t ffn_num_input, int64_t ffn_num_hiddens,
                                    int64_t num_heads, double dropout, bool use_bias)
-    : EncoderBlockImpl(TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
-                                               std::move(norm_shape), ffn_num_input,
-                                               ffn_num_hiddens, num_heads)
-                           .dropout(dropout)
-                           .use_bias(use_bias)) {}
+    : EncoderBlockImpl(detail::block_options(key_size, query_size, value_size, num_hiddens,
+                                             std::move(norm_shape), ffn_num_input, ffn_num_hiddens,
+                                             num_heads, dropout, use_bias)) {}
 
 EncoderBlockImpl::EncoderBlockImpl(const TransformerBlockOptions& options_) : options(options_) {
   reset();
@@ -185,11 +183,9 @@ TransformerEncoderImpl::TransformerEncoderImpl(
     int64_t ffn_num_hiddens, int64_t num_heads, int64_t num_layers, double dropout, bool use_bias)
     : TransformerEncoderImpl(TransformerOptions(
           vocab_size,
-          TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
-                                  std::move(norm_shape), ffn_num_input, ffn_num_hiddens,
-                                  num_heads)
-              .dropout(dropout)
-              .use_bias(use_bias),
+          detail::block_options(key_size, query_size, value_size, num_hiddens,
+                                std::move(norm_shape), ffn_num_input, ffn_num_hiddens, num_heads,
+                                dropout, use_bias),
           num_layers)) {}
 
 TransformerEncoderImpl::TransformerEncoderImpl(const TransformerOptions& options_)
@@ -200,14 +196,11 @@ TransformerEncoderImpl::TransformerEncoderImpl(const TransformerOptions& options
 void TransformerEncoderImpl::reset() {
   constexpr const char* fn = "d2l::TransformerEncoder";
   detail::check_transformer_options(fn, options);
-  const auto& b = options.block();
-  embedding = register_module("embedding",
-                              torch::nn::Embedding(options.vocab_size(), b.num_hiddens()));
-  pos_encoding = register_module(
-      "pos_encoding", PositionalEncoding(b.num_hiddens(), b.dropout(), options.max_len()));
+  embedding = register_module("embedding", detail::make_embedding(options));
+  pos_encoding = register_module("pos_encoding", detail::make_positional_encoding(options));
   blks = register_module("blks", torch::nn::Sequential());
   for (int64_t i = 0; i < options.num_layers(); ++i) {
-    blks->push_back("block" + std::to_string(i), EncoderBlock(b));
+    blks->push_back("block" + std::to_string(i), EncoderBlock(options.block()));
   }
 }
 
@@ -216,10 +209,8 @@ void TransformerEncoderImpl::pretty_print(std::ostream& stream) const {
 }
 
 EncoderBlock TransformerEncoderImpl::block(int64_t i) const {
-  TORCH_CHECK(i >= 0 && i < options.num_layers(),
-              fmt::format("d2l::TransformerEncoder::block: i must be in [0, num_layers={}), got {}",
-                          options.num_layers(), i));
-  return EncoderBlock(blks->ptr<EncoderBlockImpl>(static_cast<size_t>(i)));
+  return detail::block_at<EncoderBlock>("d2l::TransformerEncoder::block", blks, i,
+                                        options.num_layers());
 }
 
 EncoderOutput TransformerEncoderImpl::forward(const torch::Tensor& X,

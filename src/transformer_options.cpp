@@ -76,6 +76,24 @@ std::string describe_transformer(const char* fn, const TransformerOptions& o) {
                      b.use_bias(), o.max_len());
 }
 
+TransformerBlockOptions block_options(int64_t key_size, int64_t query_size, int64_t value_size,
+                                      int64_t num_hiddens, std::vector<int64_t> norm_shape,
+                                      int64_t ffn_num_input, int64_t ffn_num_hiddens,
+                                      int64_t num_heads, double dropout, bool use_bias) {
+  return TransformerBlockOptions(key_size, query_size, value_size, num_hiddens,
+                                 std::move(norm_shape), ffn_num_input, ffn_num_hiddens, num_heads)
+      .dropout(dropout)
+      .use_bias(use_bias);
+}
+
+torch::nn::Embedding make_embedding(const TransformerOptions& o) {
+  return torch::nn::Embedding(o.vocab_size(), o.block().num_hiddens());
+}
+
+PositionalEncoding make_positional_encoding(const TransformerOptions& o) {
+  return PositionalEncoding(o.block().num_hiddens(), o.block().dropout(), o.max_len());
+}
+
 MultiHeadAttention make_block_attention(const TransformerBlockOptions& o, bool bias) {
   return MultiHeadAttention(o.key_size(), o.query_size(), o.value_size(), o.num_hiddens(),
                             o.num_heads(), o.dropout(), bias);

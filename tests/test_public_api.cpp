@@ -67,7 +67,9 @@ TEST(PublicApi, EncoderDecoderCloneOntoADevice) {
     torch::NoGradGuard no_grad;
     const auto out =
         std::get<0>(copy->forward(enc_X.to(device), dec_X.to(device), lens.to(device)));
-    EXPECT_LT(d2l::testing::max_rel_error(out.cpu(), expected), 1e-5) << device;
+    // cuDNN's GRU may multiply float32 in TF32 (4.8e-5 on an H200).
+    EXPECT_LT(d2l::testing::max_rel_error(out.cpu(), expected), device.is_cuda() ? 1e-3 : 1e-5)
+        << device;
     copy->named_parameters()["decoder.dense.bias"].add_(1);
     EXPECT_TRUE(torch::equal(std::get<0>(model(enc_X, dec_X, lens)), expected)) << device;
   }

@@ -5,6 +5,8 @@
 
 #include <d2l/transformer.h>
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -14,6 +16,14 @@
 #include "test_utils.h"
 
 namespace d2l::testing {
+
+inline std::shared_ptr<d2l::TransformerEncoderImpl> encoder_of(const d2l::EncoderDecoder& m) {
+  return std::dynamic_pointer_cast<d2l::TransformerEncoderImpl>(m->encoder);
+}
+
+inline std::shared_ptr<d2l::TransformerDecoderImpl> decoder_of(const d2l::EncoderDecoder& m) {
+  return std::dynamic_pointer_cast<d2l::TransformerDecoderImpl>(m->decoder);
+}
 
 inline d2l::TransformerOptions transformer_options(const Fixture& f) {
   const auto h = static_cast<int64_t>(f.scalar("num_hiddens"));
@@ -43,16 +53,17 @@ inline d2l::EncoderDecoder transformer_from_fixture(const Fixture& f, torch::Dty
     torch::NoGradGuard no_grad;
     for (auto& p : model->named_parameters()) p.value().copy_(f.tensor(p.key()));
   }
+  // The book's positional table as the book's code computed it: LibTorch's
+  // float32 sin, cos and pow may differ from Python's by an ulp, which a
+  // float64 model would carry into every output (the table itself is checked
+  // against the fixture in Transformer.PositionalTableIsTheBooks).
+  const auto table = load_fixture("positional_encoding_float32")
+                         .tensor(fmt::format("P.{}", static_cast<int64_t>(f.scalar("num_hiddens"))));
+  for (auto* pe : {&encoder_of(model)->pos_encoding, &decoder_of(model)->pos_encoding}) {
+    (*pe)->P.narrow(1, 0, table.size(0)).copy_(table.unsqueeze(0));
+  }
   model->train(f.scalar("training") != 0);
   return model;
-}
-
-inline std::shared_ptr<d2l::TransformerEncoderImpl> encoder_of(const d2l::EncoderDecoder& m) {
-  return std::dynamic_pointer_cast<d2l::TransformerEncoderImpl>(m->encoder);
-}
-
-inline std::shared_ptr<d2l::TransformerDecoderImpl> decoder_of(const d2l::EncoderDecoder& m) {
-  return std::dynamic_pointer_cast<d2l::TransformerDecoderImpl>(m->decoder);
 }
 
 }  // namespace d2l::testing
