@@ -96,7 +96,6 @@ d2l::DotProductAttention dot_module(d2l::AttentionBackend path) {
 }
 
 std::map<std::string, CaseFactory> cases_for(d2l::AttentionBackend path) {
-  const bool fused = path != d2l::AttentionBackend::kComposite;
   auto softmax = [path](const torch::Tensor& X, const torch::Tensor& lens) {
     return d2l::masked_softmax(X, lens, path);
   };
