@@ -68,10 +68,13 @@ bind /sys /sys
 bind "$here" /src
 $sudo cp -L /etc/resolv.conf "$root/etc/resolv.conf"
 
-say "make test in the Debian 13 root (JOBS=$jobs)"
+# The suite without the example programs: no test runs them, and the other
+# legs of make check build them (three minutes of CI's time saved).
+say "make test in the Debian 13 root (JOBS=$jobs, no examples)"
 rc=0
 $sudo chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-  make -C /src test TORCH=debian BUILD_DIR=build-debian13 JOBS="$jobs" || rc=$?
+  make -C /src test TORCH=debian BUILD_DIR=build-debian13 JOBS="$jobs" \
+  CMAKE_ARGS=-DD2L_BUILD_EXAMPLES=OFF || rc=$?
 t2=$(date +%s)
 say "root $((t1 - t0)) s, make test $((t2 - t1)) s, exit $rc"
 exit $rc
