@@ -27,6 +27,23 @@ namespace detail {
 
 namespace {
 
+#if D2L_HAS_SDPA
+// at::scaled_dot_product_attention on (B, n, d) tensors with a boolean
+// `attend` mask (B, 1, 1 or n, m) or none, and rows `no_valid_key` (B, n or
+// 1, 1), when defined, zeroed after.
+torch::Tensor sdpa_with_mask(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values, const torch::Tensor& attend,
+                             const torch::Tensor& no_valid_key, double dropout) {
+  // An undefined tensor is not "no mask" to SDPA: it must be nullopt.
+  const auto mask = attend.defined() ? std::optional<torch::Tensor>(attend) : std::nullopt;
+  auto out = at::scaled_dot_product_attention(queries.unsqueeze(1), keys.unsqueeze(1),
+                                              values.unsqueeze(1), mask, dropout,
+                                              /*is_causal=*/false)
+                 .squeeze(1);
+  return no_valid_key.defined() ? out.masked_fill(no_valid_key, 0) : out;
+}
+#endif
+
 // LibTorch's SDPA with our masking contract (AttentionBackend::kSdpa). `range` is the
 // lengths' (checked) range: it lets the mask go where it masks nothing and
 // the keys past the longest length go without reading the device again.
@@ -87,16 +104,26 @@ torch::Tensor sdpa_attention(const torch::Tensor& queries, const torch::Tensor& 
       attend = attend.unsqueeze(1);
     }
   }
-  // An undefined tensor is not "no mask" to SDPA: it must be nullopt.
-  const auto mask = attend.defined() ? std::optional<torch::Tensor>(attend) : std::nullopt;
-  auto out = at::scaled_dot_product_attention(queries.unsqueeze(1), visible_keys.unsqueeze(1),
-                                              visible_values.unsqueeze(1), mask, dropout,
-                                              /*is_causal=*/false)
-                 .squeeze(1);
-  return no_valid_key.defined() ? out.masked_fill(no_valid_key, 0) : out;
+  return sdpa_with_mask(queries, visible_keys, visible_values, attend, no_valid_key, dropout);
 #else
   (void)queries, (void)keys, (void)values, (void)valid_lens, (void)range, (void)dropout;
   TORCH_INTERNAL_ASSERT(false, "sdpa_attention without LibTorch 2.1");
+#endif
+}
+
+// SDPA with a boolean mask lengths cannot express, (B, n, m), true where a
+// query may see a key: rows that see no key attend to every key inside SDPA
+// and are zeroed after, as above.
+torch::Tensor sdpa_general_mask(const torch::Tensor& queries, const torch::Tensor& keys,
+                                const torch::Tensor& values, const torch::Tensor& allowed,
+                                double dropout) {
+#if D2L_HAS_SDPA
+  const auto no_valid_key = allowed.any(-1, /*keepdim=*/true).logical_not();
+  return sdpa_with_mask(queries, keys, values, allowed.logical_or(no_valid_key).unsqueeze(1),
+                        no_valid_key, dropout);
+#else
+  (void)queries, (void)keys, (void)values, (void)allowed, (void)dropout;
+  TORCH_INTERNAL_ASSERT(false, "sdpa_general_mask without LibTorch 2.1");
 #endif
 }
 
@@ -123,47 +150,72 @@ void check_features_and_dropout(const char* fn, const torch::Tensor& queries,
 
 PathExplanation explain_dot_product_attention(const char* fn, const torch::Tensor& queries,
                                               const torch::Tensor& keys,
-                                              const torch::Tensor& values, double dropout,
+                                              const torch::Tensor& values,
+                                              const ResolvedMask& mask, double dropout,
                                               bool training, AttentionBackend backend,
                                               bool need_weights) {
   check_features_and_dropout(fn, queries, keys, dropout);
   PathExplanation explanation{fn, backend, {}, {}};
-  explanation.path = to_string(choose_dot_product_path(
-      fn, backend, queries, keys, values, dropout, training, need_weights, &explanation.reasons));
+  explanation.path = to_string(choose_dot_product_path(fn, backend, queries, keys, values, dropout,
+                                                       training, need_weights,
+                                                       mask.general_because, &explanation.reasons));
   return explanation;
 }
 
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-    const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const std::optional<LengthRange>& range, double dropout, bool training,
+    const torch::Tensor& values, const ResolvedMask& mask, double dropout, bool training,
     AttentionBackend backend, bool need_weights) {
   check_features_and_dropout(fn, queries, keys, dropout);
   std::vector<std::string> reasons;
   const bool log = logging_paths();
-  const auto chosen = choose_dot_product_path(fn, backend, queries, keys, values, dropout, training,
-                                              need_weights, log ? &reasons : nullptr);
+  const auto chosen =
+      choose_dot_product_path(fn, backend, queries, keys, values, dropout, training, need_weights,
+                              mask.general_because, log ? &reasons : nullptr);
   if (log) log_path(fn, backend, to_string(chosen), reasons);
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
+  const double sdpa_dropout = training ? dropout : 0.0;
   switch (chosen) {
     case DotProductPath::kSdpa:
-      return {sdpa_attention(queries, keys, values, valid_lens, range, training ? dropout : 0.0),
+      return {mask.allowed.defined()
+                  ? sdpa_general_mask(queries, keys, values, mask.allowed, sdpa_dropout)
+                  : sdpa_attention(queries, keys, values, mask.lens, mask.range, sdpa_dropout),
               torch::Tensor()};
     case DotProductPath::kFlash:
-      return flash_attention(queries, keys, values, valid_lens, 1.0 / sqrt_d, need_weights);
+      return flash_attention(queries, keys, values, mask.lens, 1.0 / sqrt_d, need_weights);
     default: break;
   }
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights = chosen == DotProductPath::kFusedSoftmax
-                     ? fused_masked_softmax_consuming(std::move(qk), valid_lens, 1.0 / sqrt_d)
-                     : composite_masked_softmax(qk / sqrt_d, valid_lens);
+  auto weights =
+      mask.allowed.defined()
+          ? composite_masked_softmax_where(qk / sqrt_d, mask.allowed)
+      : chosen == DotProductPath::kFusedSoftmax
+          ? fused_masked_softmax_consuming(std::move(qk), mask.lens, 1.0 / sqrt_d)
+          : composite_masked_softmax(qk / sqrt_d, mask.lens);
   auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
 }
 
+}  // namespace detail
+
+namespace detail {
+namespace {
+
+// The checks of functional::dot_product_attention, and its masks resolved.
+ResolvedMask checked_masks(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
+                           const torch::Tensor& values,
+                           const functional::DotProductAttentionFuncOptions& options) {
+  const auto range = check_qkv(fn, queries, keys, values, options.valid_lens());
+  const Masks masks{options.key_padding_mask(), options.attn_mask(), options.is_causal()};
+  check_masks(fn, masks, queries, keys);
+  return resolve_masks(fn, options.valid_lens(), range, masks, queries.size(0), queries.size(1),
+                       keys.size(1), queries.device());
+}
+
+}  // namespace
 }  // namespace detail
 
 namespace functional {
@@ -172,8 +224,8 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const DotProductAttentionFuncOptions& options) {
   constexpr const char* fn = "d2l::dot_product_attention";
-  const auto range = detail::check_qkv(fn, queries, keys, values, options.valid_lens());
-  return detail::dot_product_attention(fn, queries, keys, values, options.valid_lens(), range,
+  return detail::dot_product_attention(fn, queries, keys, values,
+                                       detail::checked_masks(fn, queries, keys, values, options),
                                        options.dropout(), options.training(), options.backend(),
                                        options.need_weights());
 }
@@ -184,10 +236,9 @@ PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& 
                              const torch::Tensor& values,
                              const functional::DotProductAttentionFuncOptions& options) {
   constexpr const char* fn = "d2l::dot_product_attention";
-  detail::check_qkv(fn, queries, keys, values, options.valid_lens());
-  return detail::explain_dot_product_attention(fn, queries, keys, values, options.dropout(),
-                                               options.training(), options.backend(),
-                                               options.need_weights());
+  return detail::explain_dot_product_attention(
+      fn, queries, keys, values, detail::checked_masks(fn, queries, keys, values, options),
+      options.dropout(), options.training(), options.backend(), options.need_weights());
 }
 
 DotProductAttentionImpl::DotProductAttentionImpl(double dropout)
@@ -212,10 +263,10 @@ namespace {
 // What forward runs: the registered dropout module's p and mode (as in the
 // book) and the module's options.
 functional::DotProductAttentionFuncOptions module_call(const DotProductAttentionImpl& module,
-                                                       const torch::Tensor& valid_lens,
+                                                       const AttentionMask& mask,
                                                        bool need_weights) {
   return functional::DotProductAttentionFuncOptions()
-      .valid_lens(valid_lens)
+      .mask(mask)
       .dropout(module.dropout->options.p())
       .training(module.dropout->is_training())
       .backend(module.options.backend())
@@ -228,9 +279,16 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& keys,
                                                const torch::Tensor& values,
                                                const torch::Tensor& valid_lens) {
+  return forward_masked(queries, keys, values, AttentionMask().valid_lens(valid_lens));
+}
+
+torch::Tensor DotProductAttentionImpl::forward_masked(const torch::Tensor& queries,
+                                                      const torch::Tensor& keys,
+                                                      const torch::Tensor& values,
+                                                      const AttentionMask& mask) {
   const bool record = options.record_attention_weights();
-  auto [output, weights] = functional::dot_product_attention(
-      queries, keys, values, module_call(*this, valid_lens, record));
+  auto [output, weights] =
+      functional::dot_product_attention(queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention_weights, weights);
   return output;
 }
@@ -238,16 +296,29 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
 std::tuple<torch::Tensor, torch::Tensor> DotProductAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens) {
+  return forward_with_weights(queries, keys, values, AttentionMask().valid_lens(valid_lens));
+}
+
+std::tuple<torch::Tensor, torch::Tensor> DotProductAttentionImpl::forward_with_weights(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const AttentionMask& mask) {
   return functional::dot_product_attention(queries, keys, values,
-                                           module_call(*this, valid_lens, /*need_weights=*/true));
+                                           module_call(*this, mask, /*need_weights=*/true));
 }
 
 PathExplanation DotProductAttentionImpl::explain_path(const torch::Tensor& queries,
                                                       const torch::Tensor& keys,
                                                       const torch::Tensor& values,
                                                       const torch::Tensor& valid_lens) const {
+  return explain_path(queries, keys, values, AttentionMask().valid_lens(valid_lens));
+}
+
+PathExplanation DotProductAttentionImpl::explain_path(const torch::Tensor& queries,
+                                                      const torch::Tensor& keys,
+                                                      const torch::Tensor& values,
+                                                      const AttentionMask& mask) const {
   return d2l::explain_path(queries, keys, values,
-                           module_call(*this, valid_lens, options.record_attention_weights()));
+                           module_call(*this, mask, options.record_attention_weights()));
 }
 
 torch::Tensor DotProductAttentionImpl::last_attention_weights() const {

@@ -13,25 +13,25 @@
 #include <optional>
 #include <tuple>
 
+#include "attention_mask.h"
 #include "checks.h"
 
 namespace d2l::detail {
 
-/// functional::dot_product_attention after check_qkv: `range` is what the
-/// check returned for valid_lens (so that a caller which checked already,
-/// such as multi-head attention, does not read the lengths twice). Errors
-/// name `fn`.
+/// functional::dot_product_attention after check_qkv and check_masks, with
+/// the masks resolved (resolve_masks: lengths and their range, as the check
+/// returned them, or a boolean mask). Errors name `fn`.
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-    const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const std::optional<LengthRange>& range, double dropout, bool training,
+    const torch::Tensor& values, const ResolvedMask& mask, double dropout, bool training,
     AttentionBackend backend, bool need_weights);
 
-/// explain_path for dot-product attention after check_qkv, with the same
-/// checks and errors as dot_product_attention.
+/// explain_path for dot-product attention after check_qkv and check_masks,
+/// with the same checks and errors as dot_product_attention.
 PathExplanation explain_dot_product_attention(const char* fn, const torch::Tensor& queries,
                                               const torch::Tensor& keys,
-                                              const torch::Tensor& values, double dropout,
+                                              const torch::Tensor& values,
+                                              const ResolvedMask& mask, double dropout,
                                               bool training, AttentionBackend backend,
                                               bool need_weights);
 

@@ -50,8 +50,12 @@ torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tens
   const int64_t batch = X.size(0), queries = X.size(1), keys = X.size(2);
   const auto lens =
       valid_lens.dim() == 1 ? valid_lens.unsqueeze(1).expand({batch, queries}) : valid_lens;
-  const auto masked_out =
-      length_mask(lens, batch * queries, keys).view({batch, queries, keys}).logical_not();
+  return composite_masked_softmax_where(
+      X, length_mask(lens, batch * queries, keys).view({batch, queries, keys}));
+}
+
+torch::Tensor composite_masked_softmax_where(const torch::Tensor& X, const torch::Tensor& allowed) {
+  const auto masked_out = allowed.logical_not();
   // -inf rather than the book's -1e6: exact in every dtype (-1e6 overflows
   // float16) and it keeps any masked score, even NaN, out of the sum. A row
   // with no valid key becomes NaN here and is zeroed by the second fill.

@@ -16,6 +16,10 @@ torch::Tensor softmax_last_dim(const torch::Tensor& X);
 /// The book's formulation (sequence mask + softmax), without argument checks.
 torch::Tensor composite_masked_softmax(const torch::Tensor& X, const torch::Tensor& valid_lens);
 
+/// The same with a boolean mask `allowed` broadcastable to X, true where a
+/// score is kept (Note [Masks as lengths]); a row that keeps none is zero.
+torch::Tensor composite_masked_softmax_where(const torch::Tensor& X, const torch::Tensor& allowed);
+
 /// d2l::masked_softmax without the argument checks.
 torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor& valid_lens,
                                      AttentionBackend backend = AttentionBackend::kAuto);

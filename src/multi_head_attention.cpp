@@ -122,18 +122,27 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
                             const torch::Tensor& b) {
     return detail::linear(x, W, b, o.backend());
   };
-  // Head b * heads + i belongs to batch element b: each length is repeated per head.
-  const auto lens =
-      valid_lens.defined() ? valid_lens.repeat_interleave(heads, /*dim=*/0) : valid_lens;
+  detail::Masks masks{o.key_padding_mask(), o.attn_mask(), o.is_causal()};
+  detail::check_masks(fn, masks, queries, keys, heads);
+  // Head b * heads + i belongs to batch element b: each length and mask row
+  // is repeated per head.
+  const auto per_head = [heads](const torch::Tensor& t) {
+    return t.defined() ? t.repeat_interleave(heads, /*dim=*/0) : t;
+  };
+  const auto lens = per_head(valid_lens);
   // Repeating the lengths keeps their range: the check above stands for them.
-  if (range && range->on_host.defined()) {
-    range->on_host = range->on_host.repeat_interleave(heads, /*dim=*/0);
+  if (range && range->on_host.defined()) range->on_host = per_head(range->on_host);
+  masks.key_padding_mask = per_head(masks.key_padding_mask);
+  if (masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) != queries.size(0) * heads) {
+    masks.attn_mask = per_head(masks.attn_mask);
   }
+  const auto mask = detail::resolve_masks(fn, lens, range, masks, queries.size(0) * heads,
+                                          queries.size(1), keys.size(1), queries.device());
   auto [output, weights] = detail::dot_product_attention(
       "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
-      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), lens, range, o.dropout(),
-      o.training(), o.backend(), o.need_weights());
+      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), mask, o.dropout(), o.training(),
+      o.backend(), o.need_weights());
   return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
 
@@ -232,6 +241,7 @@ namespace {
 // What forward runs: the module's weights, and the dropout and options of
 // its inner `attention`.
 functional::MultiHeadAttentionFuncOptions module_call(const MultiHeadAttentionImpl& module,
+                                                      const AttentionMask& mask,
                                                       bool need_weights) {
   return functional::MultiHeadAttentionFuncOptions(module.options.num_heads(), module.W_q->weight,
                                                    module.W_k->weight, module.W_v->weight,
@@ -243,7 +253,10 @@ functional::MultiHeadAttentionFuncOptions module_call(const MultiHeadAttentionIm
       .dropout(module.attention->dropout->options.p())
       .training(module.attention->dropout->is_training())
       .backend(module.attention->options.backend())
-      .need_weights(need_weights);
+      .need_weights(need_weights)
+      .key_padding_mask(mask.key_padding_mask())
+      .attn_mask(mask.attn_mask())
+      .is_causal(mask.is_causal());
 }
 
 }  // namespace
@@ -252,10 +265,17 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& keys,
                                               const torch::Tensor& values,
                                               const torch::Tensor& valid_lens) {
+  return forward_masked(queries, keys, values, AttentionMask().valid_lens(valid_lens));
+}
+
+torch::Tensor MultiHeadAttentionImpl::forward_masked(const torch::Tensor& queries,
+                                                     const torch::Tensor& keys,
+                                                     const torch::Tensor& values,
+                                                     const AttentionMask& mask) {
   const bool record = attention->options.record_attention_weights();
   auto [output, weights] =
       checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
-                                   valid_lens, module_call(*this, record));
+                                   mask.valid_lens(), module_call(*this, mask, record));
   if (record) detail::record_weights(attention->attention_weights, std::move(weights));
   return output;
 }
@@ -263,8 +283,15 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
 std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const torch::Tensor& valid_lens) {
+  return forward_with_weights(queries, keys, values, AttentionMask().valid_lens(valid_lens));
+}
+
+std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
+    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+    const AttentionMask& mask) {
   return checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
-                                      valid_lens, module_call(*this, /*need_weights=*/true));
+                                      mask.valid_lens(),
+                                      module_call(*this, mask, /*need_weights=*/true));
 }
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {

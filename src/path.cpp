@@ -85,7 +85,8 @@ const char* to_string(DotProductPath path) {
 DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
                                        const torch::Tensor& queries, const torch::Tensor& keys,
                                        const torch::Tensor& values, double dropout, bool training,
-                                       bool need_weights, std::vector<std::string>* reasons) {
+                                       bool need_weights, const std::string& general_mask,
+                                       std::vector<std::string>* reasons) {
   const bool drops = training && dropout > 0;
   const bool empty = !non_empty(queries, keys, values);
   // Empty sizes take the softmax paths, which keep the autograd graph; the
@@ -112,6 +113,12 @@ DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
     return DotProductPath::kComposite;
   }
   if (use_fused(fn, backend, queries.device())) {
+    if (!general_mask.empty()) {
+      refuse(reasons, {"flash", "fused_softmax"},
+             general_mask + " (the fused kernels mask by lengths; the composite path applies "
+                            "the boolean mask)");
+      return DotProductPath::kComposite;
+    }
     if (!drops && !empty) return DotProductPath::kFlash;
     why_not_flash({"flash"});
     return DotProductPath::kFusedSoftmax;

@@ -42,13 +42,16 @@ const char* to_string(DotProductPath path);
 
 /// The path functional::dot_product_attention runs for these arguments.
 /// kFused runs the flash kernel when no training-time dropout is asked and
-/// no size is zero, and the fused softmax otherwise. Throws, naming `fn`,
-/// for kSdpa on LibTorch older than 2.1 or with `need_weights`. With
-/// `reasons`, appends why each faster path was refused ("<path>: <why>").
+/// no size is zero, and the fused softmax otherwise. A boolean mask that
+/// lengths cannot express (`general_mask`, why; empty when the masks are
+/// lengths: Note [Masks as lengths]) runs the composite path, or SDPA where
+/// it would run anyway or is asked. Throws, naming `fn`, for kSdpa on
+/// LibTorch older than 2.1 or with `need_weights`. With `reasons`, appends
+/// why each faster path was refused ("<path>: <why>").
 DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
                                        const torch::Tensor& queries, const torch::Tensor& keys,
                                        const torch::Tensor& values, double dropout, bool training,
-                                       bool need_weights,
+                                       bool need_weights, const std::string& general_mask = {},
                                        std::vector<std::string>* reasons = nullptr);
 
 /// What additive attention runs, fastest first.

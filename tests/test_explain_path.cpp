@@ -176,7 +176,7 @@ TEST(ExplainPath, DotProductDecisionTableOffTheCpu) {
   const auto q = torch::empty({2, 3, 4}, torch::kMeta), k = torch::empty({2, 5, 4}, torch::kMeta);
   std::vector<std::string> reasons;
   EXPECT_EQ(d2l::detail::choose_dot_product_path("f", AttentionBackend::kAuto, q, k, k, 0, false,
-                                                 false, &reasons),
+                                                 false, {}, &reasons),
             DotProductPath::kComposite);
   const std::string off = "tensors on meta (the fused kernels run on the CPU)";
   const std::string sdpa =
@@ -187,7 +187,7 @@ TEST(ExplainPath, DotProductDecisionTableOffTheCpu) {
   EXPECT_THAT(reasons, ElementsAre(sdpa, "flash: " + off, "fused_softmax: " + off));
   reasons.clear();
   EXPECT_EQ(d2l::detail::choose_dot_product_path("f", AttentionBackend::kComposite, q, k, k, 0,
-                                                 false, true, &reasons),
+                                                 false, true, {}, &reasons),
             DotProductPath::kComposite);
   EXPECT_EQ(reasons.size(), 3u);
   EXPECT_THAT(error_message([&] {

@@ -3,6 +3,7 @@
 // Umbrella header of d2l_attention, the attention core; the plots and
 // heatmaps are in d2l::viz (<d2l/viz.h>).
 #include <d2l/additive_attention.h>
+#include <d2l/attention_mask.h>
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/encoder_decoder.h>

@@ -7,6 +7,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <d2l/attention_mask.h>
 #include <d2l/backend.h>
 
 #include <tuple>
@@ -44,6 +45,13 @@ struct DotProductAttentionFuncOptions {
   /// Valid lengths, (B) or (B, n), of any integer dtype (or floating holding
   /// whole numbers); undefined: every key is valid.
   TORCH_ARG(torch::Tensor, valid_lens) = {};
+  /// torch::kBool (B, m), true at padding keys (AttentionMask::key_padding_mask).
+  TORCH_ARG(torch::Tensor, key_padding_mask) = {};
+  /// torch::kBool (n, m) or (B, n, m), true where a query may not see a key
+  /// (AttentionMask::attn_mask; the opposite of SDPA's boolean mask).
+  TORCH_ARG(torch::Tensor, attn_mask) = {};
+  /// Query i sees keys j <= i + m - n (AttentionMask::is_causal).
+  TORCH_ARG(bool, is_causal) = false;
   /// Probability of zeroing an attention weight when `training`; in [0, 1].
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, training) = false;
@@ -53,10 +61,20 @@ struct DotProductAttentionFuncOptions {
   /// Whether to return the weights. Off, no (B, n, m) tensor is made on the
   /// CPU, and AttentionBackend::kAuto may run LibTorch's SDPA on CUDA.
   TORCH_ARG(bool, need_weights) = true;
+
+ public:
+  /// Sets valid_lens, key_padding_mask, attn_mask and is_causal from `mask`.
+  DotProductAttentionFuncOptions& mask(const AttentionMask& mask) {
+    return valid_lens(mask.valid_lens())
+        .key_padding_mask(mask.key_padding_mask())
+        .attn_mask(mask.attn_mask())
+        .is_causal(mask.is_causal());
+  }
 };
 
 /// Scaled dot-product attention, softmax(Q Kᵀ / √d) V, masked by
-/// `options.valid_lens()`: queries (B, n, d), keys (B, m, d), values (B, m,
+/// `options.valid_lens()` and LibTorch's masks (AttentionMask; a key is seen
+/// where all allow it): queries (B, n, d), keys (B, m, d), values (B, m,
 /// v). Returns (output (B, n, v), attention_weights (B, n, m) before dropout,
 /// as the book stores them, or undefined when `need_weights` is false).
 std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
@@ -116,11 +134,23 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
       const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
       const torch::Tensor& valid_lens = {});
 
+  /// forward with LibTorch's masks beside the book's lengths (AttentionMask).
+  torch::Tensor forward_masked(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values, const AttentionMask& mask);
+
+  /// forward_with_weights with LibTorch's masks beside the book's lengths.
+  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(const torch::Tensor& queries,
+                                                                const torch::Tensor& keys,
+                                                                const torch::Tensor& values,
+                                                                const AttentionMask& mask);
+
   /// Which path forward takes for these inputs in the module's mode, and why
   /// (explain_path with the module's dropout and options).
   PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
                                const torch::Tensor& values,
                                const torch::Tensor& valid_lens = {}) const;
+  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values, const AttentionMask& mask) const;
 
   DotProductAttentionOptions options;
   torch::nn::Dropout dropout{nullptr};

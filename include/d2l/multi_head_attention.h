@@ -83,6 +83,13 @@ struct MultiHeadAttentionFuncOptions {
   /// Whether to return the per-head weights (off, AttentionBackend::kAuto
   /// runs the flash kernel on the CPU, SDPA on CUDA).
   TORCH_ARG(bool, need_weights) = true;
+  /// torch::kBool (B, m), true at padding keys (AttentionMask::key_padding_mask).
+  TORCH_ARG(torch::Tensor, key_padding_mask) = {};
+  /// torch::kBool (n, m), (B, n, m) or (B * num_heads, n, m), true where a
+  /// query may not see a key, as torch::nn::MultiheadAttention's attn_mask.
+  TORCH_ARG(torch::Tensor, attn_mask) = {};
+  /// Query i sees keys j <= i + m - n (AttentionMask::is_causal).
+  TORCH_ARG(bool, is_causal) = false;
 
  public:
   /// The `backend` option's name in 0.2, kept for one minor version.
@@ -99,6 +106,7 @@ struct MultiHeadAttentionFuncOptions {
 /// (B, m, key_size) and values (B, m, value_size), split the h features into
 /// num_heads heads, run dot-product attention per head with `valid_lens` ((B)
 /// or (B, n)) repeated for each head, join the heads and project by W_o.
+/// LibTorch's masks in `options` narrow what `valid_lens` allows (AttentionMask).
 /// Returns (output (B, n, h), per-head attention_weights (B * num_heads, n, m),
 /// undefined when `need_weights` is false).
 std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
@@ -135,6 +143,16 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
       const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
       const torch::Tensor& valid_lens = {});
+
+  /// forward with LibTorch's masks beside the book's lengths (AttentionMask).
+  torch::Tensor forward_masked(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values, const AttentionMask& mask);
+
+  /// forward_with_weights with LibTorch's masks beside the book's lengths.
+  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(const torch::Tensor& queries,
+                                                                const torch::Tensor& keys,
+                                                                const torch::Tensor& values,
+                                                                const AttentionMask& mask);
 
   /// attention->attention_weights, read safely while other threads call
   /// forward (Note [Recording attention weights] in src/attention_weights.h).
