@@ -77,7 +77,7 @@ endif
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         multi-head python-weights \
         fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
-        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-spread bench-dp device-sources \
+        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
@@ -321,7 +321,7 @@ bench-dp: configure
 # `make bench`: both tables of the README's Performance section, the library
 # against the book (bench-book) and the flash kernel against LibTorch 2.x's
 # SDPA (bench-sdpa, which builds the torch 2.11 leg first).
-bench: bench-book bench-sdpa
+bench: bench-book bench-sdpa bench-transformer
 
 # Times this library and the book's Python code on the same shapes and thread
 # counts, one run after the other, and prints one table (also written to
@@ -375,6 +375,21 @@ bench-sdpa:
 	$(call run_bench_attention,$(BUILD2_DIR),$(SDPA_SHAPES),bench-sdpa)
 	python3 benchmarks/sdpa_table.py $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
 	  | tee $(BUILD2_DIR)/bench-sdpa-report.md
+
+# The Transformer's attention beside its peers on the torch 2.11 leg: causal
+# self-attention at n = m = 2048 against the same kernel unmasked and SDPA's
+# is_causal, and multi-head attention at the book's Transformer shapes against
+# torch::nn::MultiheadAttention, at 1 and 2 threads, one process
+# (docs/performance.md, "The Transformer's attention").
+bench-transformer:
+	$(MAKE) configure TORCH=wheel
+	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_transformer
+	OPENBLAS_NUM_THREADS=1 $(BUILD2_DIR)/benchmarks/bench_transformer $(BENCH_FLAGS) \
+	  --benchmark_out=$(BUILD2_DIR)/bench-transformer.json --benchmark_out_format=json
+	python3 benchmarks/transformer_table.py $(BUILD2_DIR)/bench-transformer.json \
+	  --out $(BUILD2_DIR)/bench-transformer-report.md
+	cat $(BUILD2_DIR)/bench-transformer-report.md
 
 # The masked-softmax backward against ATen's softmax, run to run: 20 fresh
 # processes per thread count, the distribution of times and ratios

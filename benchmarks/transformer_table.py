@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The Transformer's attention beside its peers, as markdown tables.
+
+    python3 benchmarks/transformer_table.py build-torch2/bench-transformer.json [--out report.md]
+
+Reads Google Benchmark JSON from benchmarks/bench_transformer (names
+`causal/<mask>/<pass>/threads:<N>` and `mha/<impl>/<pass>/threads:<N>`), takes the median
+aggregate (or the median of the iteration rows) and prints, per thread count, the medians and
+the ratios measured in the same process: causal self-attention against the same kernel
+unmasked (the issue's goal: at most 0.55) and against SDPA with is_causal; multi-head attention
+against torch::nn::MultiheadAttention and against the book's composite ops. The machine, date
+and command head the report. Standard library only.
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+from collections import defaultdict
+
+from report_io import write_report
+
+UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def read(paths):
+    rows, medians, context = defaultdict(list), {}, {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        context = data.get("context", context)
+        for row in data.get("benchmarks", []):
+            parts = row.get("run_name", row["name"]).split("/")
+            if len(parts) < 4 or parts[0] not in ("causal", "mha"):
+                continue
+            threads = int(parts[3].split(":")[1])
+            key = (parts[0], parts[1], parts[2], threads)
+            seconds = row["real_time"] * UNITS[row.get("time_unit", "ns")]
+            if row.get("aggregate_name") == "median":
+                medians[key] = seconds
+            elif row.get("run_type", "iteration") == "iteration":
+                rows[key].append(seconds)
+    for key, values in rows.items():
+        medians.setdefault(key, statistics.median(values))
+    return medians, context
+
+
+def ms(s):
+    return f"{s * 1e3:.2f} ms" if s is not None else "–"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a is not None and b else "–"
+
+
+def tables(medians):
+    out = []
+    for threads in sorted({k[3] for k in medians}):
+        get = lambda group, name, p: medians.get((group, name, p, threads))
+        out.append(f"\n**Causal self-attention**, (2, 2048, 2048), d 64, no weights, "
+                   f"{threads} thread(s), medians:\n")
+        out.append("| pass | unmasked | is_causal | book's dec_valid_lens | causal / unmasked "
+                   "| SDPA unmasked | SDPA is_causal | is_causal / SDPA is_causal |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for p in ("fwd", "fwd_bwd"):
+            full, causal, book = (get("causal", m, p) for m in ("full", "causal", "book_lens"))
+            sfull, scausal = get("causal", "sdpa_full", p), get("causal", "sdpa_causal", p)
+            out.append(f"| {p} | {ms(full)} | {ms(causal)} | {ms(book)} | {ratio(causal, full)} "
+                       f"| {ms(sfull)} | {ms(scausal)} | {ratio(causal, scausal)} |")
+        out.append(f"\n**Multi-head self-attention** at the book's Transformer shapes (batch 64, "
+                   f"10 steps, 32 hidden, 4 heads, causal), {threads} thread(s), medians:\n")
+        out.append("| pass | d2l (kAuto) | d2l (book's ops) | torch::nn::MultiheadAttention "
+                   "| d2l / torch::nn | d2l / book's ops |")
+        out.append("| --- | --- | --- | --- | --- | --- |")
+        for p in ("fwd", "fwd_bwd"):
+            ours, book, torch_nn = (get("mha", m, p) for m in ("d2l", "d2l_composite", "torch_nn"))
+            out.append(f"| {p} | {ms(ours)} | {ms(book)} | {ms(torch_nn)} "
+                       f"| {ratio(ours, torch_nn)} | {ratio(ours, book)} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    medians, context = read(args.json)
+    if not medians:
+        sys.exit("transformer_table.py: no causal/ or mha/ rows in " + ", ".join(args.json))
+    head = (f"Machine: {platform.node()}, {context.get('num_cpus', '?')} CPUs at "
+            f"{context.get('mhz_per_cpu', '?')} MHz, LibTorch {context.get('torch_version', '?')}, "
+            f"ISA {context.get('d2l_cpu_isa', '?')}; {datetime.date.today().isoformat()}; "
+            f"`make bench-transformer`.\n")
+    write_report(head + tables(medians), args.out)
+
+
+if __name__ == "__main__":
+    main()
