@@ -18,7 +18,8 @@
 // into DIR (default ./bahdanau_out or ./transformer_out) loss.svg, the
 // animator's curve, and the attention heatmaps of the last sentence:
 // attention.svg (Bahdanau), or the Transformer's per layer and head,
-// encoder_attention.svg and decoder_attention.svg (encoder-decoder). --save writes the trained
+// encoder_attention.svg, decoder_self_attention.svg and
+// decoder_attention.svg (encoder-decoder), with the tokens as tick labels. --save writes the trained
 // model (torch::save of its parameters, written whole or not at all).
 //
 // Data-parallel (with d2l::distributed): `--spawn N` starts N processes on
@@ -43,7 +44,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <array>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,31 +170,65 @@ d2l::EncoderDecoder make_net(const Args& args, int64_t src_vocab, int64_t tgt_vo
           d2l::Seq2SeqOptions(tgt_vocab, kEmbedSize, h, kNumLayers).dropout(kDropout))};
 }
 
+// The words of a sentence, as predict_seq2seq splits it.
+std::vector<std::string> split_words(const std::string& sentence) {
+  std::vector<std::string> words;
+  std::istringstream in(sentence);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+// The tokens of a sentence as the heatmaps' tick labels: the source's words
+// and <eos> (keys), and each decoding step's input, <bos> then the tokens
+// predicted before it (queries).
+struct SentenceTokens {
+  std::vector<std::string> source, steps;
+};
+
 // The Transformer section's heatmaps of the last sentence, one per layer
-// (rows) and head (columns): the encoder's self-attention over the source's
-// words and <eos>, and the decoder's attention over them at each decoding step
-// (predict_seq2seq's weights: TransformerDecoder::attention_weights()[0],
-// (num_layers * num_heads, 1, num_steps) a step).
+// (rows) and head (columns): the encoder's self-attention over the source,
+// the decoder's self-attention over the steps so far and its attention over
+// the source at each decoding step (each step's
+// TransformerDecoder::block_attention_weights(), (num_heads, 1, keys) per
+// block, as the book's predict_seq2seq keeps them).
 void draw_transformer_attention(d2l::EncoderDecoderImpl& net,
-                                const std::vector<torch::Tensor>& dec_steps, int64_t keys,
-                                const std::filesystem::path& out) {
+                                const std::vector<std::array<std::vector<torch::Tensor>, 2>>& steps,
+                                const SentenceTokens& tokens, const std::filesystem::path& out) {
   std::vector<std::string> titles;
   for (int64_t i = 1; i <= kNumHeads; ++i) titles.push_back(fmt::format("Head {}", i));
-  const auto draw = [&](const torch::Tensor& weights, const char* name) {
+  const auto draw = [&](const torch::Tensor& weights, const std::vector<std::string>& keys,
+                        const std::vector<std::string>& queries, const char* name) {
     const auto path = (out / name).string();
-    d2l::show_heatmaps(weights.cpu(), "Key positions", "Query positions", path, titles, {7.0, 3.5});
+    d2l::save_heatmaps(weights.cpu(),
+                       d2l::HeatmapOptions()
+                           .xlabel("Keys")
+                           .ylabel("Queries")
+                           .titles(titles)
+                           .figsize({7.0, 3.5})
+                           .xticklabels(keys)
+                           .yticklabels(queries),
+                       path);
     fmt::print("wrote {}\n", path);
   };
+  const auto n_src = static_cast<int64_t>(tokens.source.size());
   auto& encoder = dynamic_cast<d2l::TransformerEncoderImpl&>(*net.encoder);
   const auto enc = torch::cat(encoder.attention_weights(), 0)
                        .reshape({kNumLayers, kNumHeads, -1, kNumSteps})
-                       .slice(2, 0, keys)
-                       .slice(3, 0, keys);
-  draw(enc, "encoder_attention.svg");
-  const auto dec = torch::cat(dec_steps, 1)
-                       .reshape({kNumLayers, kNumHeads, -1, kNumSteps})
-                       .slice(3, 0, keys);
-  draw(dec, "decoder_attention.svg");
+                       .slice(2, 0, n_src)
+                       .slice(3, 0, n_src);
+  draw(enc, tokens.source, tokens.source, "encoder_attention.svg");
+  // Step t's self-attention sees the t + 1 steps so far: zeros after them.
+  const auto n_steps = static_cast<int64_t>(steps.size());
+  auto self = torch::zeros({kNumLayers, kNumHeads, n_steps, n_steps});
+  auto inter = torch::zeros({kNumLayers, kNumHeads, n_steps, n_src});
+  for (int64_t t = 0; t < n_steps; ++t) {
+    for (int64_t l = 0; l < kNumLayers; ++l) {
+      self.select(0, l).select(1, t).narrow(1, 0, t + 1).copy_(steps[t][0][l].select(1, 0));
+      inter.select(0, l).select(1, t).copy_(steps[t][1][l].select(1, 0).narrow(1, 0, n_src));
+    }
+  }
+  draw(self, tokens.steps, tokens.steps, "decoder_self_attention.svg");
+  draw(inter, tokens.source, tokens.steps, "decoder_attention.svg");
 }
 
 int run(const Args& args) {
@@ -271,23 +308,39 @@ int run(const Args& args) {
   const std::vector<std::string> fras{"va !", "j'ai perdu .", "il est calme .",
                                       "je suis chez moi ."};
   std::vector<torch::Tensor> dec_attention_weight_seq;
+  std::vector<std::array<std::vector<torch::Tensor>, 2>> dec_blocks;
+  SentenceTokens tokens;
+  auto* transformer = dynamic_cast<d2l::TransformerDecoderImpl*>(net->decoder.get());
   for (size_t i = 0; i < engs.size(); ++i) {
-    auto [translation, weights] = d2l::predict_seq2seq(net, engs[i], data.src_vocab, data.tgt_vocab,
-                                                       kNumSteps, args.device, true);
+    dec_blocks.clear();
+    tokens = {split_words(engs[i]), {"<bos>"}};
+    tokens.source.push_back("<eos>");
+    auto [translation, weights] = d2l::predict_seq2seq(
+        net, engs[i], data.src_vocab, data.tgt_vocab, kNumSteps, args.device, true,
+        [&](int64_t, int64_t token) {
+          if (transformer != nullptr) dec_blocks.push_back(transformer->block_attention_weights());
+          tokens.steps.push_back(data.tgt_vocab.to_tokens(token));
+        });
     fmt::print("{} => {}, bleu {:.3f}\n", engs[i], translation, d2l::bleu(translation, fras[i], 2));
     dec_attention_weight_seq = std::move(weights);
   }
-  const int64_t keys = 3 + 1;  // "i'm home ." and <eos>
-  if (args.model == "transformer") {
-    draw_transformer_attention(*net, dec_attention_weight_seq, keys, args.out);
+  tokens.steps.pop_back();  // the last step's output is no step's input
+  if (transformer != nullptr) {
+    draw_transformer_attention(*net, dec_blocks, tokens, args.out);
     return 0;
   }
   // The book's heatmap of the last sentence: one row per decoding step, the
   // source's words and <eos> as columns.
+  const auto keys = static_cast<int64_t>(tokens.source.size());
   const auto attention_weights =
       torch::cat(dec_attention_weight_seq, 0).reshape({1, 1, -1, kNumSteps});
   const auto heatmap = (args.out / "attention.svg").string();
-  d2l::show_heatmaps(attention_weights.slice(3, 0, keys).cpu(), "Key positions", "Query positions",
+  d2l::save_heatmaps(attention_weights.slice(3, 0, keys).cpu(),
+                     d2l::HeatmapOptions()
+                         .xlabel("Keys")
+                         .ylabel("Queries")
+                         .xticklabels(tokens.source)
+                         .yticklabels(tokens.steps),
                      heatmap);
   fmt::print("wrote {}\n", heatmap);
   return 0;

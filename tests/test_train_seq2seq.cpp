@@ -309,4 +309,26 @@ TEST(PredictSeq2SeqLoop, WithoutEosStopsAtNumSteps) {
   }
 }
 
+// on_step sees every step, the one that gave <eos> included, with its token,
+// while the decoder holds that step's state.
+TEST(PredictSeq2SeqLoop, OnStepSeesEveryStepAndItsToken) {
+  const auto& v = toy_tgt_vocab();
+  const std::map<int64_t, int64_t> next = {
+      {v["<bos>"], v["a"]}, {v["a"], v["b"]}, {v["b"], v["<eos>"]}};
+  auto model = scripted_model(/*attention=*/true, next);
+  const d2l::Vocab src({{"x", "y"}}, 0, {"<pad>", "<bos>", "<eos>"});
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  std::vector<torch::Tensor> weights_seen;
+  auto* decoder = dynamic_cast<d2l::AttentionDecoder*>(model->decoder.get());
+  const auto [translation, weights] = d2l::predict_seq2seq(
+      model, "x y", src, v, 10, torch::kCPU, true, [&](int64_t step, int64_t token) {
+        seen.emplace_back(step, token);
+        weights_seen.push_back(decoder->attention_weights());
+      });
+  EXPECT_EQ(translation, "a b");
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{0, v["a"]}, {1, v["b"]}, {2, v["<eos>"]}}));
+  ASSERT_EQ(weights_seen.size(), weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) EXPECT_TRUE(torch::equal(weights_seen[i][0], weights[i]));
+}
+
 }  // namespace

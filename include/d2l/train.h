@@ -151,6 +151,9 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
                                  int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
                                  TrainSeq2SeqSync& sync, const TrainSeq2SeqOptions& options = {});
 
+/// What predict_seq2seq calls after each decoding step: (step, token).
+using PredictStepCallback = std::function<void(int64_t step, int64_t token)>;
+
 /// The book's `predict_seq2seq`: greedy decoding of `src_sentence` (lower-cased
 /// and split on spaces), at most `num_steps` tokens, stopping at `<eos>`.
 /// Returns the translation and, with `save_attention_weights`, one tensor a
@@ -158,16 +161,19 @@ TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter
 /// `attention_weights()[0]`, (1, num_steps) for Seq2SeqAttentionDecoder.
 /// The encoder's valid length is capped at `num_steps` (the book passes the
 /// uncapped length). Requesting weights from a decoder that is not an
-/// `AttentionDecoder` throws c10::Error.
+/// `AttentionDecoder` throws c10::Error. `on_step`, when given, is called
+/// after every decoding step with the step and the token it chose, while the
+/// decoder still holds that step's state: read what the book's loop would
+/// keep there (TransformerDecoder::block_attention_weights(), say).
 std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     EncoderDecoderImpl& net, const std::string& src_sentence, const Vocab& src_vocab,
     const Vocab& tgt_vocab, int64_t num_steps, torch::Device device,
-    bool save_attention_weights = false);
+    bool save_attention_weights = false, const PredictStepCallback& on_step = nullptr);
 /// The same on the module holder.
 std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     const EncoderDecoder& net, const std::string& src_sentence, const Vocab& src_vocab,
     const Vocab& tgt_vocab, int64_t num_steps, torch::Device device,
-    bool save_attention_weights = false);
+    bool save_attention_weights = false, const PredictStepCallback& on_step = nullptr);
 
 /// The book's `bleu(pred_seq, label_seq, k)` of space-separated sequences:
 /// exp(min(0, 1 - len_label / len_pred)) times p_n^(1/2^n) for n = 1..k.

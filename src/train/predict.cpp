@@ -36,7 +36,8 @@ std::string join(const std::vector<std::string>& tokens, size_t first, size_t n)
 
 std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     EncoderDecoderImpl& net, const std::string& src_sentence, const Vocab& src_vocab,
-    const Vocab& tgt_vocab, int64_t num_steps, torch::Device device, bool save_attention_weights) {
+    const Vocab& tgt_vocab, int64_t num_steps, torch::Device device, bool save_attention_weights,
+    const PredictStepCallback& on_step) {
   constexpr const char* fn = "d2l::predict_seq2seq";
   TORCH_CHECK(num_steps > 0, fmt::format("{}: num_steps must be positive, got {}", fn, num_steps));
   auto* attention_decoder = dynamic_cast<AttentionDecoder*>(net.decoder.get());
@@ -72,6 +73,7 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     const int64_t pred = dec_X.item<int64_t>();
     if (save_attention_weights)
       attention_weight_seq.push_back(attention_decoder->attention_weights()[0]);
+    if (on_step) on_step(step, pred);
     if (pred == eos) break;
     output_seq.push_back(pred);
   }
@@ -85,10 +87,11 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
 
 std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
     const EncoderDecoder& net, const std::string& src_sentence, const Vocab& src_vocab,
-    const Vocab& tgt_vocab, int64_t num_steps, torch::Device device, bool save_attention_weights) {
+    const Vocab& tgt_vocab, int64_t num_steps, torch::Device device, bool save_attention_weights,
+    const PredictStepCallback& on_step) {
   TORCH_CHECK(!net.is_empty(), "d2l::predict_seq2seq: net is an empty EncoderDecoder holder");
   return predict_seq2seq(*net.ptr(), src_sentence, src_vocab, tgt_vocab, num_steps, device,
-                         save_attention_weights);
+                         save_attention_weights, on_step);
 }
 
 double bleu(const std::string& pred_seq, const std::string& label_seq, int64_t k) {

@@ -99,17 +99,37 @@ struct Layout {
   double width = 0, height = 0;
   int64_t x_step = 1, y_step = 1;
   std::vector<Tick> bar_ticks;
+  // The tick labels' text: the options' labels, or the indices.
+  std::vector<std::string> x_text, y_text;
+  bool x_upright = false;  // labels given for the columns: written bottom to top
+  double xtick_h = 0;      // height of the x tick labels below the ticks
+  double ytick_w = 0;      // width of the widest y tick label
 
   double panel_x(int64_t c) const { return left + c * (panel_w + kColGap); }
   double panel_y(int64_t r) const { return top + r * (panel_h + kRowGap); }
   // Baselines below a panel's bottom edge.
-  static double xtick_baseline() { return kTickLength + kTickPad + 0.76 * kTickFont; }
-  static double xlabel_baseline() {
-    return xtick_baseline() + 0.24 * kTickFont + 3 + 0.76 * kLabelFont;
+  double xtick_baseline() const { return kTickLength + kTickPad + 0.76 * kTickFont; }
+  double xlabel_baseline() const {
+    return kTickLength + kTickPad + xtick_h + 3 + 0.76 * kLabelFont;
   }
   // Right edge of the y tick labels, left of a panel.
   static double ytick_right() { return -(kTickLength + kTickPad); }
 };
+
+// The labels of `n` cells: `given`, or the indices 0 .. n-1.
+std::vector<std::string> tick_text(const std::vector<std::string>& given, int64_t n) {
+  if (!given.empty()) return given;
+  std::vector<std::string> text;
+  for (int64_t k = 0; k < n; ++k) text.push_back(std::to_string(k));
+  return text;
+}
+
+// The width of the widest of every `step`-th label.
+double widest(const std::vector<std::string>& labels, int64_t step) {
+  double w = 0;
+  for (size_t k = 0; k < labels.size(); k += step) w = std::max(w, text_width(labels[k], kTickFont));
+  return w;
+}
 
 Layout make_layout(const Matrices& m, const Scale& scale, const HeatmapOptions& options) {
   Layout l;
@@ -122,17 +142,27 @@ Layout make_layout(const Matrices& m, const Scale& scale, const HeatmapOptions& 
   l.panel_h = std::max(square * m.height, kMinPanelFraction * box_h);
   l.cell_w = l.panel_w / m.width;
   l.cell_h = l.panel_h / m.height;
-  const double ytick_w = number_width(std::to_string(m.height - 1), kTickFont);
-  l.x_step = tick_step(m.width, l.cell_w, number_width(std::to_string(m.width - 1), kTickFont) + 4);
+  l.x_text = tick_text(options.xticklabels(), m.width);
+  l.y_text = tick_text(options.yticklabels(), m.height);
+  l.x_upright = !options.xticklabels().empty();
+  // Upright labels stand one font height apart; indices need their width.
+  l.x_step = tick_step(m.width, l.cell_w,
+                       l.x_upright ? kTickFont + 1
+                                   : number_width(std::to_string(m.width - 1), kTickFont) + 4);
   l.y_step = tick_step(m.height, l.cell_h, kTickFont + 1);
+  l.ytick_w = options.yticklabels().empty()
+                  ? number_width(std::to_string(m.height - 1), kTickFont)
+                  : widest(l.y_text, l.y_step);
+  l.xtick_h = l.x_upright ? widest(l.x_text, l.x_step) : kTickFont;
 
   l.left =
-      kMargin + (options.ylabel().empty() ? 0 : kLabelFont + 4) + ytick_w + kTickLength + kTickPad;
+      kMargin + (options.ylabel().empty() ? 0 : kLabelFont + 4) + l.ytick_w + kTickLength + kTickPad;
   l.top = kMargin + (options.titles().empty() ? 0 : kTitleFont + 6);
   const double grid_w = m.cols * l.panel_w + (m.cols - 1) * kColGap;
   const double grid_h = m.rows * l.panel_h + (m.rows - 1) * kRowGap;
-  const double below =
-      options.xlabel().empty() ? Layout::xtick_baseline() : Layout::xlabel_baseline();
+  const double below = !options.xlabel().empty() ? l.xlabel_baseline()
+                       : l.x_upright             ? kTickLength + kTickPad + l.xtick_h
+                                                 : l.xtick_baseline();
 
   // matplotlib's colorbar(shrink=0.6), but tall enough for its labels.
   l.bar_h = std::max(0.6 * grid_h, kColorbarMinHeight);
@@ -229,15 +259,26 @@ void append_axes(Buffer& out, const Matrices& m, const Layout& l, bool y_labels,
     fmt::format_to(it, "<g class=\"yticks\" text-anchor=\"end\">\n");
     for (int64_t i = 0; i < m.height; i += l.y_step) {
       fmt::format_to(it, "<text x=\"{:.2f}\" y=\"{:.2f}\" dy=\"0.35em\">{}</text>\n",
-                     Layout::ytick_right(), (i + 0.5) * l.cell_h, i);
+                     Layout::ytick_right(), (i + 0.5) * l.cell_h, xml_escape(l.y_text[i]));
     }
     fmt::format_to(it, "</g>\n");
   }
-  if (x_labels) {
+  if (x_labels && l.x_upright) {
+    // Written bottom to top, ending at the tick, centred on the column.
+    fmt::format_to(it, "<g class=\"xticks\" text-anchor=\"end\">\n");
+    for (int64_t j = 0; j < m.width; j += l.x_step) {
+      fmt::format_to(it,
+                     "<text transform=\"translate({:.2f} {:.2f}) rotate(-90)\" "
+                     "dy=\"0.35em\">{}</text>\n",
+                     (j + 0.5) * l.cell_w, l.panel_h + kTickLength + kTickPad,
+                     xml_escape(l.x_text[j]));
+    }
+    fmt::format_to(it, "</g>\n");
+  } else if (x_labels) {
     fmt::format_to(it, "<g class=\"xticks\" text-anchor=\"middle\">\n");
     for (int64_t j = 0; j < m.width; j += l.x_step) {
       fmt::format_to(it, "<text x=\"{:.2f}\" y=\"{:.2f}\">{}</text>\n", (j + 0.5) * l.cell_w,
-                     l.panel_h + Layout::xtick_baseline(), j);
+                     l.panel_h + l.xtick_baseline(), j);
     }
     fmt::format_to(it, "</g>\n");
   }
@@ -256,14 +297,13 @@ void append_labels(Buffer& out, const Matrices& m, int64_t r, int64_t c, const L
     fmt::format_to(it,
                    "<text class=\"xlabel\" x=\"{:.2f}\" y=\"{:.2f}\" text-anchor=\"middle\" "
                    "font-size=\"{}\">{}</text>\n",
-                   l.panel_w / 2, l.panel_h + Layout::xlabel_baseline(), kLabelFont,
+                   l.panel_w / 2, l.panel_h + l.xlabel_baseline(), kLabelFont,
                    xml_escape(options.xlabel()));
   }
   if (c == 0 && !options.ylabel().empty()) {
     // Rotated, the baseline is the right edge of the text: keep it clear of
     // the widest y tick label.
-    const double x =
-        Layout::ytick_right() - number_width(std::to_string(m.height - 1), kTickFont) - 4;
+    const double x = Layout::ytick_right() - l.ytick_w - 4;
     fmt::format_to(it,
                    "<text class=\"ylabel\" transform=\"translate({:.2f} {:.2f}) rotate(-90)\" "
                    "text-anchor=\"middle\" font-size=\"{}\">{}</text>\n",
@@ -325,6 +365,13 @@ std::string render_svg(const char* fn, const torch::Tensor& matrices,
 
 std::string heatmaps_svg(const torch::Tensor& matrices, const HeatmapOptions& options) {
   return render_svg("d2l::heatmaps_svg", matrices, options);
+}
+
+void save_heatmaps(const torch::Tensor& matrices, const HeatmapOptions& options,
+                   const std::string& path) {
+  constexpr const char* fn = "d2l::save_heatmaps";
+  // Render first: bad input must not leave an empty file behind.
+  write_file(fn, path, render_svg(fn, matrices, options));
 }
 
 void show_heatmaps(const torch::Tensor& matrices, const std::string& xlabel,

@@ -76,6 +76,14 @@ const Colormap& check_arguments(const char* fn, const torch::Tensor& matrices,
   TORCH_CHECK(
       titles.empty() || static_cast<int64_t>(titles.size()) == matrices.size(1),
       fmt::format("{}: titles has {} entries for {} columns", fn, titles.size(), matrices.size(1)));
+  const auto check_labels = [&](const char* name, const std::vector<std::string>& labels,
+                                int64_t expected, const char* what) {
+    TORCH_CHECK(labels.empty() || static_cast<int64_t>(labels.size()) == expected,
+                fmt::format("{}: {} has {} entries for matrices {} with {} {}", fn, name,
+                            labels.size(), shape_of(matrices), expected, what));
+  };
+  check_labels("xticklabels", options.xticklabels(), matrices.size(3), "columns");
+  check_labels("yticklabels", options.yticklabels(), matrices.size(2), "rows");
   check_figsize(fn, options.figsize().first, options.figsize().second);
   return find_colormap(fn, options.cmap());
 }

@@ -31,6 +31,13 @@ struct HeatmapOptions {
   TORCH_ARG(Figsize, figsize) = std::make_pair(2.5, 2.5);
   /// Colour map: "Reds", "Blues", "Greens", "Greys" or "viridis".
   TORCH_ARG(std::string, cmap) = "Reds";
+  /// Labels of the columns (keys: the tokens of a sentence, say), one per
+  /// column of a matrix, written upright under the bottom row of panels;
+  /// empty: the column indices. As matplotlib's set_xticklabels.
+  TORCH_ARG(std::vector<std::string>, xticklabels) = {};
+  /// Labels of the rows (queries), one per row of a matrix, left of the first
+  /// column of panels; empty: the row indices.
+  TORCH_ARG(std::vector<std::string>, yticklabels) = {};
 };
 
 /// A self-contained SVG document drawing `matrices` of shape
@@ -39,9 +46,15 @@ struct HeatmapOptions {
 /// colour bar. Any floating dtype and device; values are read as float64.
 std::string heatmaps_svg(const torch::Tensor& matrices, const HeatmapOptions& options = {});
 
-/// A preview of the same grid for a terminal: two characters per cell in
+/// A preview of the same grid for a terminal (tick labels are the SVG's only): two characters per cell in
 /// 24-bit ANSI colour, panels side by side, with a legend of the value range.
 std::string heatmaps_ansi(const torch::Tensor& matrices, const HeatmapOptions& options = {});
+
+/// Writes heatmaps_svg(matrices, options) to `path` (the whole document or
+/// nothing); throws c10::Error "d2l::save_heatmaps: cannot write '<path>':
+/// <reason>" if the file cannot be written.
+void save_heatmaps(const torch::Tensor& matrices, const HeatmapOptions& options,
+                   const std::string& path);
 
 /// The book's show_heatmaps: writes heatmaps_svg(matrices, ...) to `path`;
 /// throws c10::Error "d2l::show_heatmaps: cannot write '<path>': <reason>" if
