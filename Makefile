@@ -75,7 +75,7 @@ else
 endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
-        multi-head python-weights \
+        multi-head python-weights python-transformer \
         fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-spread bench-dp device-sources \
         fixtures clean
@@ -152,6 +152,21 @@ multi-head: configure
 
 # Weights from Python: the book's PyTorch MultiHeadAttention saves its
 # state dict and outputs; the C++ program loads the weights and compares.
+# The book's Python Transformer trained on the sample (its recipe, 200
+# epochs, about 3 minutes on one thread), saved with torch.save(state_dict),
+# then loaded into the C++ Transformer, which must translate the four
+# sentences exactly as Python did (docs/examples.md).
+PYTHON_TRANSFORMER_DIR = $(BUILD_DIR)/python_transformer
+python-transformer: deps-python configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
+	mkdir -p $(PYTHON_TRANSFORMER_DIR)
+	OPENBLAS_NUM_THREADS=1 $(PYTHON) benchmarks/book_bahdanau.py --model transformer --threads 1 \
+	  --save $(PYTHON_TRANSFORMER_DIR)/transformer_state_dict.pt \
+	  --translations $(PYTHON_TRANSFORMER_DIR)/translations.txt
+	$(BUILD_DIR)/examples/bahdanau_fra_eng --model transformer --threads 1 \
+	  --load $(PYTHON_TRANSFORMER_DIR)/transformer_state_dict.pt \
+	  --expect $(PYTHON_TRANSFORMER_DIR)/translations.txt --out $(PYTHON_TRANSFORMER_DIR)
+
 python-weights: deps-python configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target load_python_weights
 	$(PYTHON) examples/python_weights.py $(BUILD_DIR)/python_weights

@@ -14,6 +14,9 @@ data pipeline and the training loop below are the 0.17 edition's `read_data_nmt`
 with no `d2l` import. Two changes, both outside what is timed per epoch: `read_data_nmt` takes a path
 (as ours does) instead of downloading, and the animator is left out (it only plots).
 
+With --save and --translations it also writes the trained state dict and the translations, for
+`make python-transformer` (examples/bahdanau_fra_eng --load ... --expect ...).
+
 It prints the book's line, `loss L, T tokens/sec on cpu` (T is that of the last epoch, as the book's
 Timer measures it), the wall time of all epochs, and the book's four translations with BLEU.
 """
@@ -218,6 +221,9 @@ def main():
     parser.add_argument('--model', choices=['bahdanau', 'transformer'], default='bahdanau')
     parser.add_argument('--epochs', type=int, default=None,
                         help="default: the book's, 250 (bahdanau) or 200 (transformer)")
+    parser.add_argument('--save', help='torch.save(net.state_dict()) here after training')
+    parser.add_argument('--translations',
+                        help='write the four translations here, one a line')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -253,9 +259,18 @@ def main():
 
     engs = ['go .', "i lost .", 'he\'s calm .', 'i\'m home .']
     fras = ['va !', 'j\'ai perdu .', 'il est calme .', 'je suis chez moi .']
+    translations = []
     for eng, fra in zip(engs, fras):
         translation = predict_seq2seq(net, eng, src_vocab, tgt_vocab, num_steps, device)
         print(f'{eng} => {translation}, bleu {bleu(translation, fra, k=2):.3f}')
+        translations.append(translation)
+    if args.save:
+        torch.save(net.state_dict(), args.save)
+        print(f'wrote {args.save}')
+    if args.translations:
+        with open(args.translations, 'w', encoding='utf-8') as f:
+            f.write(''.join(t + '\n' for t in translations))
+        print(f'wrote {args.translations}')
 
 
 if __name__ == '__main__':

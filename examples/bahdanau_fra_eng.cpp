@@ -46,6 +46,7 @@
 #include <cstdlib>
 #include <array>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -68,7 +69,7 @@ struct Args {
   int64_t epochs = 0;
   int threads = 0;
   torch::Device device = torch::kCPU;
-  std::string save;
+  std::string save, load, expect;
   int64_t batch_size = kBatchSize, num_hiddens = kNumHiddens;
 #ifdef D2L_HAVE_DISTRIBUTED
   d2l::distributed::LaunchOptions launch;
@@ -125,6 +126,12 @@ Args parse(int argc, char** argv) {
       ->check(examples::kCount)
       ->capture_default_str();
   app.add_option("--save", args.save, "write the trained model here");
+  app.add_option("--load", args.load,
+                 "translate with the weights of this state dict instead of training (one that "
+                 "the book's Python model saved with torch.save(net.state_dict()))");
+  app.add_option("--expect", args.expect,
+                 "a file of the four translations, one a line (Python's, say): exit 1 unless "
+                 "ours are the same");
 #ifdef D2L_HAVE_DISTRIBUTED
   app.footer(
       "Data-parallel training (d2l::distributed):\n"
@@ -176,6 +183,22 @@ std::vector<std::string> split_words(const std::string& sentence) {
   std::istringstream in(sentence);
   for (std::string word; in >> word;) words.push_back(word);
   return words;
+}
+
+// Whether `translations` are the lines of `path`, token for token; prints each.
+bool same_as_expected(const std::vector<std::string>& translations, const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(in, "bahdanau_fra_eng: cannot read --expect ", path);
+  size_t same = 0;
+  for (const auto& ours : translations) {
+    std::string theirs;
+    std::getline(in, theirs);
+    const bool match = split_words(ours) == split_words(theirs);
+    same += match ? 1 : 0;
+    fmt::print("{} {} (expected: {})\n", match ? "same:" : "DIFFERENT:", ours, theirs);
+  }
+  fmt::print("{} of {} translations as in {}\n", same, translations.size(), path);
+  return same == translations.size();
 }
 
 // The tokens of a sentence as the heatmaps' tick labels: the source's words
@@ -274,27 +297,35 @@ int run(const Args& args) {
   }
 
   auto net = make_net(args, data.src_vocab.size(), data.tgt_vocab.size());
-  const auto loss_svg = (args.out / "loss.svg").string();
-  const auto train_options = d2l::TrainSeq2SeqOptions().on_epoch(d2l::save_loss_curve(loss_svg));
-  d2l::TrainSeq2SeqResult trained;
+  if (!args.load.empty()) {
+    // Key for key, the book's names: encoder.blks.block0.attention.W_q.weight, ...
+    d2l::load_state_dict(*net, args.load);
+    if (leader) fmt::print("loaded {} (no training)\n", args.load);
+  } else {
+    const auto loss_svg = (args.out / "loss.svg").string();
+    const auto train_options =
+        d2l::TrainSeq2SeqOptions().on_epoch(d2l::save_loss_curve(loss_svg));
+    d2l::TrainSeq2SeqResult trained;
 #ifdef D2L_HAVE_DISTRIBUTED
-  if (group) {
-    trained = d2l::distributed::train_seq2seq(net, data.data_iter, kLr, args.epochs, data.tgt_vocab,
-                                              args.device, group, train_options);
-  } else
+    if (group) {
+      trained = d2l::distributed::train_seq2seq(net, data.data_iter, kLr, args.epochs,
+                                                data.tgt_vocab, args.device, group, train_options);
+    } else
 #endif
-  {
-    trained = d2l::train_seq2seq(net, data.data_iter, kLr, args.epochs, data.tgt_vocab, args.device,
-                                 train_options);
+    {
+      trained = d2l::train_seq2seq(net, data.data_iter, kLr, args.epochs, data.tgt_vocab,
+                                   args.device, train_options);
+    }
+    if (!leader) return 0;
+    // Every epoch sees every example once: the median epoch's rate.
+    auto seconds = trained.epoch_seconds;
+    std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+    fmt::print("{:.1f} examples/sec (median of {} epochs; {:.1f} in the last)\n",
+               static_cast<double>(data.data_iter.num_examples()) / seconds[seconds.size() / 2],
+               seconds.size(), trained.examples_per_sec);
+    fmt::print("wrote {}\n", loss_svg);
   }
   if (!leader) return 0;
-  // Every epoch sees every example once: the median epoch's rate.
-  auto seconds = trained.epoch_seconds;
-  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-  fmt::print("{:.1f} examples/sec (median of {} epochs; {:.1f} in the last)\n",
-             static_cast<double>(data.data_iter.num_examples()) / seconds[seconds.size() / 2],
-             seconds.size(), trained.examples_per_sec);
-  fmt::print("wrote {}\n", loss_svg);
   if (!args.save.empty()) {
 #ifdef D2L_HAVE_DISTRIBUTED
     d2l::distributed::save_checkpoint(*net, args.save);
@@ -307,6 +338,7 @@ int run(const Args& args) {
   const std::vector<std::string> engs{"go .", "i lost .", "he's calm .", "i'm home ."};
   const std::vector<std::string> fras{"va !", "j'ai perdu .", "il est calme .",
                                       "je suis chez moi ."};
+  std::vector<std::string> translations;
   std::vector<torch::Tensor> dec_attention_weight_seq;
   std::vector<std::array<std::vector<torch::Tensor>, 2>> dec_blocks;
   SentenceTokens tokens;
@@ -322,8 +354,10 @@ int run(const Args& args) {
           tokens.steps.push_back(data.tgt_vocab.to_tokens(token));
         });
     fmt::print("{} => {}, bleu {:.3f}\n", engs[i], translation, d2l::bleu(translation, fras[i], 2));
+    translations.push_back(translation);
     dec_attention_weight_seq = std::move(weights);
   }
+  if (!args.expect.empty() && !same_as_expected(translations, args.expect)) return 1;
   tokens.steps.pop_back();  // the last step's output is no step's input
   if (transformer != nullptr) {
     draw_transformer_attention(*net, dec_blocks, tokens, args.out);
