@@ -15,41 +15,27 @@ counted exactly by benchmarks/heap_peak.cpp), or where that is missing the resid
 Standard library only.
 """
 
-import json
 import re
-import statistics
 import sys
-from collections import defaultdict
 
-UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+from report_io import benchmark_rows, medians
 CASES = ["dot_fused_noweights", "sdpa", "dot_fused_weights", "dot_unfused"]
 
 
 def read(paths):
-    rows = defaultdict(list)   # (case, shape, threads) -> seconds
     peaks = {"peak_heap_delta_bytes": {}, "peak_rss_delta_bytes": {}}
-    medians = {}
-    for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        for row in data.get("benchmarks", []):
-            parts = row["run_name"].split("/") if "run_name" in row else row["name"].split("/")
-            if len(parts) < 3 or not parts[1].startswith("sdpa"):
-                continue
-            threads = next((int(p.split(":")[1]) for p in parts[2:] if p.startswith("threads:")), 0)
-            key = (parts[0], parts[1], threads)
-            seconds = row["real_time"] * UNITS[row.get("time_unit", "ns")]
-            if row.get("aggregate_name") == "median":
-                medians[key] = seconds
-            elif row.get("run_type", "iteration") == "iteration":
-                rows[key].append(seconds)
-            for field, seen in peaks.items():
-                if field in row:
-                    seen[key] = max(seen.get(key, 0), row[field])
-    for key, values in rows.items():
-        medians.setdefault(key, statistics.median(values))
+    keyed = []
+    for parts, row, seconds in benchmark_rows(paths):
+        if len(parts) < 3 or not parts[1].startswith("sdpa"):
+            continue
+        threads = next((int(p.split(":")[1]) for p in parts[2:] if p.startswith("threads:")), 0)
+        key = (parts[0], parts[1], threads)
+        keyed.append((key, row, seconds))
+        for field, seen in peaks.items():
+            if field in row:
+                seen[key] = max(seen.get(key, 0), row[field])
     field = "peak_heap_delta_bytes" if peaks["peak_heap_delta_bytes"] else "peak_rss_delta_bytes"
-    return medians, peaks[field], "heap" if field == "peak_heap_delta_bytes" else "RSS"
+    return medians(keyed), peaks[field], "heap" if field == "peak_heap_delta_bytes" else "RSS"
 
 
 def fmt_time(s):

@@ -16,35 +16,20 @@ import argparse
 import datetime
 import json
 import platform
-import statistics
 import sys
-from collections import defaultdict
 
-from report_io import write_report
-
-UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
+from report_io import benchmark_rows, medians, write_report
 
 def read(paths):
-    rows, medians, context = defaultdict(list), {}, {}
+    keyed, context = [], {}
     for path in paths:
         with open(path) as f:
-            data = json.load(f)
-        context = data.get("context", context)
-        for row in data.get("benchmarks", []):
-            parts = row.get("run_name", row["name"]).split("/")
-            if len(parts) < 4 or parts[0] not in ("causal", "mha"):
-                continue
-            threads = int(parts[3].split(":")[1])
-            key = (parts[0], parts[1], parts[2], threads)
-            seconds = row["real_time"] * UNITS[row.get("time_unit", "ns")]
-            if row.get("aggregate_name") == "median":
-                medians[key] = seconds
-            elif row.get("run_type", "iteration") == "iteration":
-                rows[key].append(seconds)
-    for key, values in rows.items():
-        medians.setdefault(key, statistics.median(values))
-    return medians, context
+            context = json.load(f).get("context", context)
+    for parts, row, seconds in benchmark_rows(paths):
+        if len(parts) < 4 or parts[0] not in ("causal", "mha"):
+            continue
+        keyed.append(((parts[0], parts[1], parts[2], int(parts[3].split(":")[1])), row, seconds))
+    return medians(keyed), context
 
 
 def ms(s):
