@@ -37,6 +37,8 @@ struct BlockCache {
   torch::Tensor cross_source;
   /// (B * num_heads, enc steps, d): the encoder-decoder attention's keys and values.
   torch::Tensor cross_keys, cross_values;
+  /// The encoder's valid lengths that cross_lens repeats per head, and cross_lens.
+  torch::Tensor cross_lens_source, cross_lens;
 
   /// Whether `key_values` (a state's key_values[i], maybe undefined) is this
   /// cache's filled part.

@@ -139,10 +139,16 @@ std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward(const torch::T
       block->cross_keys = transpose_qkv(attention2->W_k(state.enc_outputs), heads);
       block->cross_values = transpose_qkv(attention2->W_v(state.enc_outputs), heads);
     }
-    const auto lens = state.enc_valid_lens.defined()
-                          ? state.enc_valid_lens.repeat_interleave(heads, /*dim=*/0)
-                          : torch::Tensor();
-    Y2 = attend_projected(*attention2, Y, block->cross_keys, block->cross_values, lens);
+    // The lengths per head, once a decoding as the keys are.
+    const auto& enc_lens = state.enc_valid_lens;
+    if (!enc_lens.defined()) {
+      block->cross_lens_source = block->cross_lens = torch::Tensor();
+    } else if (!block->cross_lens_source.is_same(enc_lens)) {
+      block->cross_lens_source = enc_lens;
+      block->cross_lens = enc_lens.repeat_interleave(heads, /*dim=*/0);
+    }
+    Y2 = attend_projected(*attention2, Y, block->cross_keys, block->cross_values,
+                          block->cross_lens);
     next.step_cache = std::move(cache);
   } else {
     // The book's code.
