@@ -102,13 +102,19 @@ void DecoderBlockImpl::pretty_print(std::ostream& stream) const {
 
 std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward(const torch::Tensor& X,
                                                                   const DecoderState& state) {
+  return forward_checked(X, state, /*check_encoder=*/true);
+}
+
+std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward_checked(
+    const torch::Tensor& X, const DecoderState& state, bool check_encoder) {
   constexpr const char* fn = "d2l::DecoderBlock";
   detail::check_floating(fn, "X", X, 3);
   TORCH_CHECK(X.size(0) > 0 && X.size(1) > 0 && X.size(2) == options.query_size(),
               fmt::format("{}: X must have shape [batch_size, steps, query_size={}] with at least "
                           "one example and one step, got {}",
                           fn, options.query_size(), detail::shape_of(X)));
-  check_encoder_state(fn, state, X.size(0), options, attention2->W_k->weight);
+  // Reading the lengths is a synchronisation on CUDA: once a step, not once a block.
+  if (check_encoder) check_encoder_state(fn, state, X.size(0), options, attention2->W_k->weight);
   check_key_values(fn, state, i, X);
 
   DecoderState next = state;
@@ -245,7 +251,9 @@ std::tuple<torch::Tensor, DecoderState> TransformerDecoderImpl::forward(const to
   auto H = pos_encoding(embedding(tokens) *
                         std::sqrt(static_cast<double>(options.block().num_hiddens())));
   DecoderState next = state;
-  for (int64_t i = 0; i < options.num_layers(); ++i) std::tie(H, next) = block(i)(H, next);
+  for (int64_t i = 0; i < options.num_layers(); ++i) {
+    std::tie(H, next) = block(i)->forward_checked(H, next, /*check_encoder=*/false);
+  }
   return {dense(H), std::move(next)};
 }
 

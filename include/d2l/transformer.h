@@ -209,6 +209,14 @@ class DecoderBlockImpl : public torch::nn::Cloneable<DecoderBlockImpl> {
   AddNorm addnorm2{nullptr};
   PositionWiseFFN ffn{nullptr};
   AddNorm addnorm3{nullptr};
+
+ private:
+  friend class TransformerDecoderImpl;
+  // forward; the encoder's entries of `state` are checked only with
+  // `check_encoder` (TransformerDecoder checks them once for all its blocks).
+  std::tuple<torch::Tensor, DecoderState> forward_checked(const torch::Tensor& X,
+                                                          const DecoderState& state,
+                                                          bool check_encoder);
 };
 /// The holder of DecoderBlockImpl, as TORCH_MODULE(DecoderBlock) makes it, with the book's
 /// constructor spelled out so that a braced shape works as the book's list
