@@ -25,14 +25,17 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 namespace F = d2l::functional;
 
-// The names of the autograd nodes behind `out`.
+// The names of the autograd nodes behind `out` (every node visited once: two
+// nodes may share a name, as two matrix products do).
 std::set<std::string> graph_nodes(const torch::Tensor& out) {
   std::set<std::string> names;
+  std::set<torch::autograd::Node*> seen;
   std::deque<torch::autograd::Node*> queue{out.grad_fn().get()};
   while (!queue.empty()) {
     auto* node = queue.front();
     queue.pop_front();
-    if (node == nullptr || !names.insert(node->name()).second) continue;
+    if (node == nullptr || !seen.insert(node).second) continue;
+    names.insert(node->name());
     for (const auto& edge : node->next_edges()) queue.push_back(edge.function.get());
   }
   return names;
