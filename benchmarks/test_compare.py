@@ -1,4 +1,4 @@
-"""Self-test of benchmarks/compare.py and benchmarks/sdpa_table.py on synthetic inputs, so that their
+"""Self-test of benchmarks/compare.py, sdpa_table.py and transformer_table.py on synthetic inputs, so that their
 ratios can be trusted (a ctest test where CMake finds a python3).
 
 Run from the repository root with any python3 (standard library only):
@@ -17,6 +17,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
 import sdpa_table  # noqa: E402
+import transformer_table  # noqa: E402
 
 
 def gbench_rows(name, times, unit="ms", peak=None, aggregates=True):
@@ -309,6 +310,25 @@ class SdpaTableTest(unittest.TestCase):
         self.assertEqual(sorted(names, key=sdpa_table.shape_order),
                          ["sdpa128", "sdpa2048", "sdpa8192", "sdpa512full", "sdpa512q1",
                           "sdpa2048q1", "sdpa512q1full"])
+
+
+class TransformerTableTest(unittest.TestCase):
+    def test_medians_and_ratios_side_by_side(self):
+        def rows(name, ms):
+            return gbench_rows(f"{name}/threads:1", [ms, ms + 1, ms + 2])
+        doc = gbench_doc(rows("causal/full/fwd", 20.0), rows("causal/causal/fwd", 10.0),
+                         rows("causal/sdpa_causal/fwd", 40.0), rows("mha/d2l/fwd_bwd", 2.0),
+                         rows("mha/torch_nn/fwd_bwd", 3.0), rows("mha/d2l_composite/fwd_bwd", 5.0))
+        with tempfile.TemporaryDirectory() as tmp:
+            path, out = os.path.join(tmp, "t.json"), os.path.join(tmp, "t.md")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            medians, _ = transformer_table.read([path])
+            self.assertEqual(medians[("causal", "causal", "fwd", 1)], 11.0e-3)
+            text = transformer_table.tables(medians)
+        # causal / unmasked 11 / 21; is_causal / SDPA 11 / 41; a case that did not run is a dash.
+        self.assertIn("| fwd | 21.00 ms | 11.00 ms | – | 0.52 | – | 41.00 ms | 0.27 |", text)
+        self.assertIn("| fwd_bwd | 3.00 ms | 6.00 ms | 4.00 ms | 0.75 | 0.50 |", text)
 
 
 if __name__ == "__main__":
