@@ -9,7 +9,6 @@
 #include <d2l/dot_product_attention.h>
 #include <d2l/torch_version.h>
 
-#include <deque>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,34 +20,11 @@ namespace {
 
 using d2l::AttentionBackend;
 using d2l::testing::error_message;
+using d2l::testing::graph_nodes;
+using d2l::testing::has_node;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 namespace F = d2l::functional;
-
-// The names of the autograd nodes behind `out` (every node visited once: two
-// nodes may share a name, as two matrix products do).
-std::set<std::string> graph_nodes(const torch::Tensor& out) {
-  std::set<std::string> names;
-  std::set<torch::autograd::Node*> seen;
-  std::deque<torch::autograd::Node*> queue{out.grad_fn().get()};
-  while (!queue.empty()) {
-    auto* node = queue.front();
-    queue.pop_front();
-    if (node == nullptr || !seen.insert(node).second) continue;
-    names.insert(node->name());
-    for (const auto& edge : node->next_edges()) queue.push_back(edge.function.get());
-  }
-  return names;
-}
-
-// Whether a node's name (for our Functions, CppNode<d2l::detail::...::Name>)
-// holds `part`.
-bool has_node(const std::set<std::string>& names, const std::string& part) {
-  for (const auto& name : names) {
-    if (name.find(part) != std::string::npos) return true;
-  }
-  return false;
-}
 
 // The autograd node that only `path` records (composite: the book's tanh or
 // softmax and none of ours).

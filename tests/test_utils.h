@@ -11,6 +11,7 @@
 
 #include <d2l/masked_softmax.h>
 
+#include <deque>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -132,6 +133,31 @@ inline auto masked_softmax_by(d2l::AttentionBackend path) {
   return [path](const torch::Tensor& X, const torch::Tensor& valid_lens) {
     return d2l::masked_softmax(X, valid_lens, path);
   };
+}
+
+// The names of the autograd nodes behind `out` (every node visited once: two
+// nodes may share a name, as two matrix products do).
+inline std::set<std::string> graph_nodes(const torch::Tensor& out) {
+  std::set<std::string> names;
+  std::set<torch::autograd::Node*> seen;
+  std::deque<torch::autograd::Node*> queue{out.grad_fn().get()};
+  while (!queue.empty()) {
+    auto* node = queue.front();
+    queue.pop_front();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    names.insert(node->name());
+    for (const auto& edge : node->next_edges()) queue.push_back(edge.function.get());
+  }
+  return names;
+}
+
+// Whether a node's name (for our Functions, CppNode<d2l::detail::...::Name>)
+// holds `part`.
+inline bool has_node(const std::set<std::string>& names, const std::string& part) {
+  for (const auto& name : names) {
+    if (name.find(part) != std::string::npos) return true;
+  }
+  return false;
 }
 
 }  // namespace d2l::testing
