@@ -11,6 +11,8 @@
 #include "checks.h"
 #include "dot_product_attention.h"
 #include "linear.h"
+#include "multi_head_attention.h"
+#include "path.h"
 
 namespace d2l {
 namespace {
@@ -124,20 +126,42 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   };
   detail::Masks masks{o.key_padding_mask(), o.attn_mask(), o.is_causal()};
   detail::check_masks(fn, masks, queries, keys, heads);
+  const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
   // Head b * heads + i belongs to batch element b: each length and mask row
-  // is repeated per head.
+  // is repeated per head. The masks resolve once per batch element, unless
+  // attn_mask gives each head its own.
   const auto per_head = [heads](const torch::Tensor& t) {
     return t.defined() ? t.repeat_interleave(heads, /*dim=*/0) : t;
   };
-  const auto lens = per_head(valid_lens);
-  // Repeating the lengths keeps their range: the check above stands for them.
-  if (range && range->on_host.defined()) range->on_host = per_head(range->on_host);
-  masks.key_padding_mask = per_head(masks.key_padding_mask);
-  if (masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) != queries.size(0) * heads) {
-    masks.attn_mask = per_head(masks.attn_mask);
+  const bool mask_per_head =
+      heads > 1 && masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) == batch * heads;
+  auto lens = valid_lens;
+  if (mask_per_head) {
+    lens = per_head(valid_lens);
+    // Repeating the lengths keeps their range: the check above stands for them.
+    if (range && range->on_host.defined()) range->on_host = per_head(range->on_host);
+    masks.key_padding_mask = per_head(masks.key_padding_mask);
   }
-  const auto mask = detail::resolve_masks(fn, lens, range, masks, queries.size(0) * heads,
-                                          queries.size(1), keys.size(1), queries.device());
+  auto mask = detail::resolve_masks(fn, lens, range, masks, mask_per_head ? batch * heads : batch,
+                                    n, m, queries.device());
+  // Small heads on the CPU: one autograd node (Note [Small heads]).
+  const auto type = queries.scalar_type();
+  if (queries.device().is_cpu() &&
+      (o.backend() == AttentionBackend::kAuto || o.backend() == AttentionBackend::kFused) &&
+      !mask.allowed.defined() && (type == torch::kFloat || type == torch::kDouble) &&
+      batch > 0 && n > 0 && m > 0 && n * m <= detail::kSmallHeadScores) {
+    if (detail::logging_paths()) detail::log_path(fn, o.backend(), "small_heads", {});
+    return detail::fused_multi_head_attention(
+        queries, keys, values, {o.W_q(), o.W_k(), o.W_v(), o.W_o(), o.b_q(), o.b_k(), o.b_v(), o.b_o()},
+        mask.lens, heads, o.dropout(), o.training(), o.need_weights());
+  }
+  if (!mask_per_head) {
+    mask.lens = per_head(mask.lens);
+    mask.allowed = per_head(mask.allowed);
+    if (mask.range && mask.range->on_host.defined()) {
+      mask.range->on_host = per_head(mask.range->on_host);
+    }
+  }
   auto [output, weights] = detail::dot_product_attention(
       "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),

@@ -13,6 +13,7 @@
 #include "cpu/additive_attention_kernel.h"
 #include "cpu/dot_product_attention_kernel.h"
 #include "cpu/masked_softmax_kernel.h"
+#include "cpu/multi_head_attention_kernel.h"
 
 namespace d2l {
 namespace {
@@ -115,6 +116,7 @@ const Table& pick(const Table& (*default_table)(), const Table& (*avx2)(),
 D2L_DEFINE_CPU_DISPATCH(MaskedSoftmaxKernels, masked_softmax_kernels)
 D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
+D2L_DEFINE_CPU_DISPATCH(MultiHeadAttentionKernels, multi_head_attention_kernels)
 
 }  // namespace cpu
 }  // namespace d2l

@@ -1,0 +1,272 @@
+// Multi-head attention for small heads on the CPU, forward and backward:
+// each task is one head of one batch entry, read in place from the
+// projections, whose heads sit side by side in each row (Note [Small heads],
+// below). Compiled once per instruction set (Note [CPU kernels per
+// instruction set]).
+
+#include <ATen/Dispatch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/multi_head_attention_kernel.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+// Note [Small heads]
+// At the book's Transformer shapes (batch 64, 10 steps, 32 hidden units, 4
+// heads) a head is a 10 × 10 problem of 8 features. The flash kernel works in
+// register tiles of 32 queries and packs its operands per block, so most of
+// its time there is set-up (about 1.4 µs a head forward), and the head split
+// and join around it are two copies of every projection each way. These
+// kernels take the projections as they come out of the matrix products,
+// (B, n, heads · d): head i of a row is the d features from i·d, so a head
+// is read in place with a row stride of h = heads · d, and the output is
+// written straight into the joined (B, n, h) that the output projection
+// reads. Per head and query row: the scores of its valid keys (a dot product
+// of d features each), the masked softmax (softmax_row-inl.h), which is also
+// the attention weights the book records and what the backward reads, and
+// the output as the weighted sum of the value rows, accumulated in registers
+// one vector of features at a time. The dropout's multipliers, drawn by the
+// caller as ATen's dropout draws them, scale the weights on their way into
+// the output. The backward keeps one head's dS (n × m) per thread: each
+// query's dP over its valid keys, dS = scale · P ∘ (dP - <dP, P>), dQ from
+// dS's row; then dK and dV key by key, from dS's and P's columns, so that
+// every output row is written once. Nothing past a row's length is read, and
+// keys that no row sees get zeros. The scores are held row by row, so the
+// caller keeps these kernels to heads whose n × m weights are small
+// (kSmallHeadScores in autograd/multi_head_attention.cpp); larger heads go
+// to the flash kernel.
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+
+struct HeadDims {
+  int64_t batch, n, m, h, heads, d;
+};
+
+HeadDims head_dims(const at::TensorBase& q, const at::TensorBase& k, int64_t heads) {
+  const int64_t h = q.size(2);
+  return {q.size(0), q.size(1), k.size(1), h, heads, h / heads};
+}
+
+// The valid keys of query i of head `head` of entry b.
+struct HeadLengths {
+  const int64_t* data = nullptr;
+  bool per_head = false, per_query = false;
+
+  HeadLengths(const at::TensorBase& lens, const HeadDims& s) {
+    if (lens.numel() == 0) return;
+    data = lens.data_ptr<int64_t>();
+    per_head = lens.size(0) != s.batch;
+    per_query = lens.dim() == 2;
+  }
+
+  int64_t at(const HeadDims& s, int64_t b, int64_t head, int64_t i) const {
+    if (data == nullptr) return s.m;
+    const int64_t e = per_head ? b * s.heads + head : b;
+    return std::clamp<int64_t>(data[per_query ? e * s.n + i : e], 0, s.m);
+  }
+};
+
+template <typename T>
+Vectorized<T> load_some(const T* p, int64_t r) {
+  return r == Vectorized<T>::size() ? Vectorized<T>::loadu(p) : partial_load(p, r);
+}
+
+template <typename T>
+void store_some(const Vectorized<T>& v, T* p, int64_t r) {
+  if (r == Vectorized<T>::size()) {
+    v.store(p);
+  } else {
+    partial_store(v, p, r);
+  }
+}
+
+template <typename T>
+T dot(const T* a, const T* b, int64_t d) {
+  using V = Vectorized<T>;
+  V acc(T(0));
+  for (int64_t f = 0; f < d; f += V::size()) {
+    const int64_t r = std::min<int64_t>(V::size(), d - f);
+    acc = at::vec::fmadd(load_some(a + f, r), load_some(b + f, r), acc);
+  }
+  return horizontal_sum(acc);
+}
+
+// out[0:d] = Σ_t coef[t · coef_stride] · rows[t · row_stride + 0:d], t < count,
+// one vector of features at a time in a register.
+template <typename T>
+void weighted_rows(const T* coef, int64_t coef_stride, const T* rows, int64_t row_stride,
+                   int64_t count, int64_t d, T* out) {
+  using V = Vectorized<T>;
+  for (int64_t f = 0; f < d; f += V::size()) {
+    const int64_t r = std::min<int64_t>(V::size(), d - f);
+    V acc(T(0));
+    for (int64_t t = 0; t < count; ++t) {
+      acc = at::vec::fmadd(V(coef[t * coef_stride]), load_some(rows + t * row_stride + f, r), acc);
+    }
+    store_some(acc, out + f, r);
+  }
+}
+
+// A head costs about its valid (query, key) pairs times d, and each row a
+// little on its own.
+template <typename F>
+void parallel_heads(const HeadDims& s, const HeadLengths& L, const F& body) {
+  std::vector<int64_t> costs(s.batch * s.heads);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t head = 0; head < s.heads; ++head) {
+      int64_t pairs = 0;
+      for (int64_t i = 0; i < s.n; ++i) pairs += L.at(s, b, head, i) + 4;
+      costs[b * s.heads + head] = pairs * (s.d + 8);
+    }
+  }
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) body(t / s.heads, t % s.heads);
+  });
+}
+
+template <typename T>
+void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                   const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
+                   double scale, const at::TensorBase& weights, const at::TensorBase& out) {
+  const HeadDims s = head_dims(q, k, heads);
+  const HeadLengths L(lens, s);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* np = noise.numel() > 0 ? noise.data_ptr<T>() : nullptr;
+  T* wp = weights.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const T sc = static_cast<T>(scale);
+  parallel_heads(s, L, [&](int64_t b, int64_t head) {
+    thread_local std::vector<T> scores, kept;
+    scores.resize(s.m);
+    kept.resize(s.m);
+    const int64_t e = b * s.heads + head;
+    const T* kh = kp + b * s.m * s.h + head * s.d;
+    const T* vh = vp + b * s.m * s.h + head * s.d;
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t len = L.at(s, b, head, i);
+      const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
+      T* wi = wp + (e * s.n + i) * s.m;
+      for (int64_t j = 0; j < len; ++j) scores[j] = dot(qi, kh + j * s.h, s.d);
+      softmax_row(scores.data(), wi, len, s.m, sc);
+      const T* p = wi;
+      if (np != nullptr) {
+        const T* ni = np + (e * s.n + i) * s.m;
+        for (int64_t j = 0; j < len; ++j) kept[j] = wi[j] * ni[j];
+        p = kept.data();
+      }
+      weighted_rows(p, 1, vh, s.h, len, s.d, op + (b * s.n + i) * s.h + head * s.d);
+    }
+  });
+}
+
+template <typename T>
+void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                    const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
+                    double scale, const at::TensorBase& weights, const at::TensorBase& dout,
+                    const at::TensorBase& dweights, const at::TensorBase& dq,
+                    const at::TensorBase& dk, const at::TensorBase& dv) {
+  const HeadDims s = head_dims(q, k, heads);
+  const HeadLengths L(lens, s);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* np = noise.numel() > 0 ? noise.data_ptr<T>() : nullptr;
+  const T* wp = weights.data_ptr<T>();
+  const T* gp = dout.data_ptr<T>();
+  const T* dwp = dweights.defined() && dweights.numel() > 0 ? dweights.data_ptr<T>() : nullptr;
+  T* dqp = dq.data_ptr<T>();
+  T* dkp = dk.data_ptr<T>();
+  T* dvp = dv.data_ptr<T>();
+  const T sc = static_cast<T>(scale);
+  parallel_heads(s, L, [&](int64_t b, int64_t head) {
+    // One head's dS, and P ∘ noise when there is dropout, (n × m); one row's dP.
+    thread_local std::vector<T> ds, kept, dp;
+    ds.resize(s.n * s.m);
+    dp.resize(s.m);
+    if (np != nullptr) kept.resize(s.n * s.m);
+    const int64_t e = b * s.heads + head;
+    const int64_t column = head * s.d;
+    const T* qh = qp + b * s.n * s.h + column;
+    const T* kh = kp + b * s.m * s.h + column;
+    const T* vh = vp + b * s.m * s.h + column;
+    const T* gh = gp + b * s.n * s.h + column;
+    const T* we = wp + e * s.n * s.m;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t len = L.at(s, b, head, i);
+      longest = std::max(longest, len);
+      const T* wi = we + i * s.m;
+      const T* gi = gh + i * s.h;
+      for (int64_t j = 0; j < len; ++j) dp[j] = dot(gi, vh + j * s.h, s.d);
+      if (np != nullptr) {
+        const T* ni = np + (e * s.n + i) * s.m;
+        T* ki = kept.data() + i * s.m;
+        for (int64_t j = 0; j < len; ++j) {
+          dp[j] *= ni[j];
+          ki[j] = wi[j] * ni[j];
+        }
+        std::fill(ki + len, ki + s.m, T(0));
+      }
+      if (dwp != nullptr) {
+        const T* dwi = dwp + (e * s.n + i) * s.m;
+        for (int64_t j = 0; j < len; ++j) dp[j] += dwi[j];
+      }
+      T* dsi = ds.data() + i * s.m;
+      softmax_backward_row(wi, dp.data(), dsi, len, s.m, sc);
+      weighted_rows(dsi, 1, kh, s.h, len, s.d, dqp + (b * s.n + i) * s.h + column);
+    }
+    // dS and P are 0 past each row's length, so a key's column sums over
+    // every row.
+    const T* p = np != nullptr ? kept.data() : we;
+    for (int64_t j = 0; j < s.m; ++j) {
+      T* dkj = dkp + (b * s.m + j) * s.h + column;
+      T* dvj = dvp + (b * s.m + j) * s.h + column;
+      if (j >= longest) {
+        std::fill(dkj, dkj + s.d, T(0));
+        std::fill(dvj, dvj + s.d, T(0));
+        continue;
+      }
+      weighted_rows(ds.data() + j, s.m, qh, s.h, s.n, s.d, dkj);
+      weighted_rows(p + j, s.m, gh, s.h, s.n, s.d, dvj);
+    }
+  });
+}
+
+void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+             const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads, double scale,
+             const at::TensorBase& weights, const at::TensorBase& out) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::multi_head_attention", [&] {
+    forward_typed<scalar_t>(q, k, v, lens, noise, heads, scale, weights, out);
+  });
+}
+
+void backward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+              const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
+              double scale, const at::TensorBase& weights, const at::TensorBase& dout,
+              const at::TensorBase& dweights, const at::TensorBase& dq, const at::TensorBase& dk,
+              const at::TensorBase& dv) {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::multi_head_attention_backward", [&] {
+    backward_typed<scalar_t>(q, k, v, lens, noise, heads, scale, weights, dout, dweights, dq, dk,
+                             dv);
+  });
+}
+
+}  // namespace
+
+const MultiHeadAttentionKernels& multi_head_attention_kernels() {
+  static const MultiHeadAttentionKernels table{&forward, &backward};
+  return table;
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu
