@@ -104,7 +104,7 @@ struct MaskCase {
   AttentionMask mask;
 };
 
-// Masks for (batch 3, n, m): none, lengths per entry (one of them 0),
+// Masks for (batch 3, n, m): every shape here has batch 3: none, lengths per entry (one of them 0),
 // lengths per query, a prefix key-padding mask, the causal flag, and a
 // prefix attn_mask per head.
 std::vector<MaskCase> mask_cases(const Shape& s) {
@@ -135,6 +135,7 @@ TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
       {3, 10, 10, 32, 32, 32, 32, 4},  // the book's Transformer, d = 8
       {3, 4, 9, 12, 12, 12, 12, 4},  // d = 3: no whole vector
       {3, 6, 6, 40, 40, 40, 40, 1},  // one head of 40 features
+      {3, 5, 20, 6, 5, 4, 8, 2},     // more keys than a vector holds
   };
   for (const auto& tol : {d2l::testing::kFastPathDtypes[0], d2l::testing::kFastPathDtypes[1]}) {
     for (const auto& s : shapes) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "cpu/multi_head_attention_kernel.h"
@@ -115,6 +116,48 @@ void weighted_rows(const T* coef, int64_t coef_stride, const T* rows, int64_t ro
   }
 }
 
+// Rows of at most one vector of keys (the book's 10 with AVX-512 floats)
+// hold their scores in a register: a head's keys (or values) transposed,
+// t[f · S + j] = x[j][f], zeros past m, give a row's m scores as d
+// multiply-adds of whole vectors, with no dot product per key.
+template <typename T>
+void pack_transposed_rows(const T* x, int64_t h, int64_t m, int64_t d, T* t) {
+  constexpr int64_t S = Vectorized<T>::size();
+  for (int64_t f = 0; f < d; ++f) {
+    for (int64_t j = 0; j < S; ++j) t[f * S + j] = j < m ? x[j * h + f] : T(0);
+  }
+}
+
+template <typename T>
+Vectorized<T> row_times_transposed(const T* row, const T* t, int64_t d) {
+  using V = Vectorized<T>;
+  V acc(T(0));
+  for (int64_t f = 0; f < d; ++f) acc = at::vec::fmadd(V(row[f]), V::loadu(t + f * V::size()), acc);
+  return acc;
+}
+
+// softmax_row for one vector of scores (m <= S, 0 < len <= m), in registers,
+// with the same operations in the same order: the same bits.
+template <typename T>
+void softmax_vector(const Vectorized<T>& scores, T* y, int64_t len, int64_t m, T scale) {
+  using V = Vectorized<T>;
+  const V x = set_first(V(-std::numeric_limits<T>::infinity()), scores, len);
+  const V vmax(horizontal_max(x));
+  const V e = set_first(V(0), softmax_exp((x - vmax) * V(scale)), len);
+  const V inv(T(1) / horizontal_sum(e));
+  store_some(set_first(V(0), e * inv, len), y, m);
+}
+
+// softmax_backward_row for one vector: dx = scale · y ∘ (dy - <dy, y>) over
+// the first len lanes, 0 after them; dy's other lanes never count.
+template <typename T>
+Vectorized<T> softmax_backward_vector(const Vectorized<T>& y, const Vectorized<T>& dy,
+                                      int64_t len, T scale) {
+  using V = Vectorized<T>;
+  const V dot(horizontal_sum(set_first(V(0), y * dy, len)));
+  return set_first(V(0), V(scale) * y * (dy - dot), len);
+}
+
 // A head costs about its valid (query, key) pairs times d, and each row a
 // little on its own.
 template <typename F>
@@ -146,18 +189,27 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   T* op = out.data_ptr<T>();
   const T sc = static_cast<T>(scale);
   parallel_heads(s, L, [&](int64_t b, int64_t head) {
-    thread_local std::vector<T> scores, kept;
+    thread_local std::vector<T> scores, kept, keys_t;
     scores.resize(s.m);
     kept.resize(s.m);
     const int64_t e = b * s.heads + head;
     const T* kh = kp + b * s.m * s.h + head * s.d;
     const T* vh = vp + b * s.m * s.h + head * s.d;
+    const bool one_vector = s.m <= Vectorized<T>::size();
+    if (one_vector) {
+      keys_t.resize(s.d * Vectorized<T>::size());
+      pack_transposed_rows(kh, s.h, s.m, s.d, keys_t.data());
+    }
     for (int64_t i = 0; i < s.n; ++i) {
       const int64_t len = L.at(s, b, head, i);
       const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
       T* wi = wp + (e * s.n + i) * s.m;
-      for (int64_t j = 0; j < len; ++j) scores[j] = dot(qi, kh + j * s.h, s.d);
-      softmax_row(scores.data(), wi, len, s.m, sc);
+      if (one_vector && len > 0) {
+        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d), wi, len, s.m, sc);
+      } else {
+        for (int64_t j = 0; j < len; ++j) scores[j] = dot(qi, kh + j * s.h, s.d);
+        softmax_row(scores.data(), wi, len, s.m, sc);
+      }
       const T* p = wi;
       if (np != nullptr) {
         const T* ni = np + (e * s.n + i) * s.m;
@@ -190,7 +242,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   const T sc = static_cast<T>(scale);
   parallel_heads(s, L, [&](int64_t b, int64_t head) {
     // One head's dS, and P ∘ noise when there is dropout, (n × m); one row's dP.
-    thread_local std::vector<T> ds, kept, dp;
+    thread_local std::vector<T> ds, kept, dp, values_t;
     ds.resize(s.n * s.m);
     dp.resize(s.m);
     if (np != nullptr) kept.resize(s.n * s.m);
@@ -201,12 +253,32 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     const T* vh = vp + b * s.m * s.h + column;
     const T* gh = gp + b * s.n * s.h + column;
     const T* we = wp + e * s.n * s.m;
+    const bool one_vector = s.m <= Vectorized<T>::size();
+    if (one_vector) {
+      values_t.resize(s.d * Vectorized<T>::size());
+      pack_transposed_rows(vh, s.h, s.m, s.d, values_t.data());
+    }
     int64_t longest = 0;
     for (int64_t i = 0; i < s.n; ++i) {
       const int64_t len = L.at(s, b, head, i);
       longest = std::max(longest, len);
       const T* wi = we + i * s.m;
       const T* gi = gh + i * s.h;
+      T* dsi = ds.data() + i * s.m;
+      if (one_vector) {
+        using V = Vectorized<T>;
+        V dpv = row_times_transposed(gi, values_t.data(), s.d);
+        const V p = load_some(wi, s.m);
+        if (np != nullptr) {
+          const V noise_i = load_some(np + (e * s.n + i) * s.m, s.m);
+          dpv = dpv * noise_i;
+          store_some(p * noise_i, kept.data() + i * s.m, s.m);
+        }
+        if (dwp != nullptr) dpv = dpv + load_some(dwp + (e * s.n + i) * s.m, s.m);
+        store_some(softmax_backward_vector(p, dpv, len, sc), dsi, s.m);
+        weighted_rows(dsi, 1, kh, s.h, len, s.d, dqp + (b * s.n + i) * s.h + column);
+        continue;
+      }
       for (int64_t j = 0; j < len; ++j) dp[j] = dot(gi, vh + j * s.h, s.d);
       if (np != nullptr) {
         const T* ni = np + (e * s.n + i) * s.m;
@@ -221,7 +293,6 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
         const T* dwi = dwp + (e * s.n + i) * s.m;
         for (int64_t j = 0; j < len; ++j) dp[j] += dwi[j];
       }
-      T* dsi = ds.data() + i * s.m;
       softmax_backward_row(wi, dp.data(), dsi, len, s.m, sc);
       weighted_rows(dsi, 1, kh, s.h, len, s.d, dqp + (b * s.n + i) * s.h + column);
     }
