@@ -11,6 +11,8 @@
 //   the causal mask: ours (`d2l`, as the decoder calls it, recording the
 //   weights; `d2l_composite`, the book's ops), and LibTorch's
 //   torch::nn::MultiheadAttention with the same mask as -inf (`torch_nn`).
+// - mha_size/d2l/h:H/n:N/fwd_bwd/threads:1: multi-head self-attention by
+//   size (n = m = N, 4 heads of H / 4 features).
 //
 // <pass> is `fwd` (no autograd) or `fwd_bwd` (forward, then backward into
 // the inputs and parameters). Pick cases with --benchmark_filter.
@@ -163,6 +165,30 @@ void mha_cases(int threads) {
   }
 }
 
+// Multi-head self-attention of 4 heads by size, batch 16, no mask, weights
+// recorded, at 1 thread: where the small-head kernels hand over to the flash
+// kernel (detail::kSmallHeadScores, which says how it was chosen).
+void mha_size_cases(int threads) {
+  constexpr int64_t B = 16, heads = 4;
+  for (const int64_t h : {32, 64, 256}) {
+    for (const int64_t n : {8, 16, 24, 32, 40, 48, 64}) {
+      register_case(fmt::format("mha_size/d2l/h:{}/n:{}/fwd_bwd/threads:{}", h, n, threads),
+                    threads, true, [=] {
+                      torch::manual_seed(1);
+                      auto x = std::make_shared<Leaves>(
+                          std::vector<torch::Tensor>{torch::randn({B, n, h})});
+                      d2l::MultiHeadAttention attention(h, h, h, h, heads, 0.0);
+                      return backward_of(
+                          [=]() mutable {
+                            const auto& t = x->tensors[0];
+                            return attention->forward(t, t, t, torch::Tensor());
+                          },
+                          x, attention->parameters());
+                    });
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,6 +197,7 @@ int main(int argc, char** argv) {
   for (const int threads : {1, 2}) {
     causal_cases(threads);
     mha_cases(threads);
+    if (threads == 1) mha_size_cases(threads);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

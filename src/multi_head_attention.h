@@ -12,11 +12,16 @@
 
 namespace d2l::detail {
 
-/// Heads of at most this many (query, key) pairs run on the small-head
-/// kernels: each holds its scores row by row, and its weights (n × m) are
-/// kept for the backward. Larger heads run on the flash kernel, whose
-/// blocks pay for themselves from about this size (`make bench-transformer`).
-constexpr int64_t kSmallHeadScores = 1024;
+/// Heads of at most this many (query, key) pairs (24 × 24) run on the
+/// small-head kernels: each holds its scores row by row, and its weights
+/// (n × m) are kept for the backward. Larger heads run on the flash kernel,
+/// whose blocks pay for themselves from about this size: self-attention of 4
+/// heads, batch 16, forward+backward at 1 thread (`bench_transformer`'s
+/// mha_size cases, against a build with this limit at 0) took 0.97 to 0.85
+/// of the flash path's time at 24 × 24 (h 32 to 256), and 1.02 to 1.15 of it
+/// at 32 × 32. Rows of at most one vector of keys (16 floats with AVX-512)
+/// are much faster still: 0.37 to 0.80 of it at 8 × 8 and 16 × 16.
+constexpr int64_t kSmallHeadScores = 576;
 
 /// The parameters of one multi-head attention call. Biases may be undefined.
 struct MultiHeadWeights {

@@ -193,13 +193,13 @@ TEST(SmallHeadsNode, LargerHeadsGeneralMasksAndOtherTypesTakeOtherPaths) {
   torch::manual_seed(4);
   d2l::MultiHeadAttention attention(8, 8, 8, 8, 2, 0.0);
   attention->eval();
-  const auto big = torch::randn({1, 33, 8}, torch::requires_grad());  // 33 × 33 > 1024
+  const auto big = torch::randn({1, 25, 8}, torch::requires_grad());  // 25 × 25 > 576
   const auto big_nodes = graph_nodes(attention(big, big, big, torch::Tensor()));
   EXPECT_TRUE(has_node(big_nodes, "FlashAttentionFunction"));
   EXPECT_FALSE(has_node(big_nodes, "MultiHeadAttentionFunction"));
-  const auto x = torch::randn({2, 32, 8}, torch::requires_grad());  // 32 × 32 = 1024
+  const auto x = torch::randn({2, 24, 8}, torch::requires_grad());  // 24 × 24 = 576
   EXPECT_TRUE(small_heads_node(attention(x, x, x, torch::Tensor())));
-  auto holes = torch::zeros({2, 32}, torch::kBool);
+  auto holes = torch::zeros({2, 24}, torch::kBool);
   holes.index_put_({0, 0}, true);
   EXPECT_FALSE(small_heads_node(
       attention->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));

@@ -38,7 +38,7 @@
 // every output row is written once. Nothing past a row's length is read, and
 // keys that no row sees get zeros. The scores are held row by row, so the
 // caller keeps these kernels to heads whose n × m weights are small
-// (kSmallHeadScores in autograd/multi_head_attention.cpp); larger heads go
+// (kSmallHeadScores in multi_head_attention.h); larger heads go
 // to the flash kernel.
 
 namespace d2l::cpu {
