@@ -167,7 +167,7 @@ void mha_cases(int threads) {
 
 // Multi-head self-attention of 4 heads by size, batch 16, no mask, weights
 // recorded, at 1 thread: where the small-head kernels hand over to the flash
-// kernel (detail::kSmallHeadScores, which says how it was chosen).
+// kernel (detail::small_heads, which says how it was chosen).
 void mha_size_cases(int threads) {
   constexpr int64_t B = 16, heads = 4;
   for (const int64_t h : {32, 64, 256}) {

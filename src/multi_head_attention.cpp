@@ -149,7 +149,7 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   if (queries.device().is_cpu() &&
       (o.backend() == AttentionBackend::kAuto || o.backend() == AttentionBackend::kFused) &&
       !mask.allowed.defined() && (type == torch::kFloat || type == torch::kDouble) &&
-      batch > 0 && n > 0 && m > 0 && n * m <= detail::kSmallHeadScores) {
+      batch > 0 && n > 0 && m > 0 && detail::small_heads(n, m, o.W_q().size(0) / heads)) {
     if (detail::logging_paths()) detail::log_path(fn, o.backend(), "small_heads", {});
     return detail::fused_multi_head_attention(
         queries, keys, values, {o.W_q(), o.W_k(), o.W_v(), o.W_o(), o.b_q(), o.b_k(), o.b_v(), o.b_o()},

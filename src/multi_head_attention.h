@@ -12,16 +12,19 @@
 
 namespace d2l::detail {
 
-/// Heads of at most this many (query, key) pairs (24 × 24) run on the
-/// small-head kernels: each holds its scores row by row, and its weights
-/// (n × m) are kept for the backward. Larger heads run on the flash kernel,
-/// whose blocks pay for themselves from about this size: self-attention of 4
-/// heads, batch 16, forward+backward at 1 thread (`bench_transformer`'s
-/// mha_size cases, against a build with this limit at 0) took 0.97 to 0.85
-/// of the flash path's time at 24 × 24 (h 32 to 256), and 1.02 to 1.15 of it
-/// at 32 × 32. Rows of at most one vector of keys (16 floats with AVX-512)
-/// are much faster still: 0.37 to 0.80 of it at 8 × 8 and 16 × 16.
-constexpr int64_t kSmallHeadScores = 576;
+/// Whether heads of n queries, m keys and d features run on the small-head
+/// kernels: each holds its scores row by row, and its weights (n × m) are
+/// kept for the backward. Larger heads run on the flash kernel, whose blocks
+/// pay for themselves from about these sizes. Measured with
+/// `bench_transformer`'s mha_size cases (self-attention of 4 heads, batch 16,
+/// forward+backward, 1 thread, AVX-512 floats), against a build that sent
+/// every head to the flash kernel: with d = 8 and 16, 0.38 to 0.68 of the
+/// flash path's time at 8 × 8 to 24 × 24 and 0.84 at 64 × 64; with d = 64,
+/// 0.82 to 0.88 up to 24 × 24, the same time at 32 × 32 and 40 × 40, and
+/// 1.28 at 48 × 48.
+inline bool small_heads(int64_t n, int64_t m, int64_t d) {
+  return n * m <= (d <= 16 ? 4096 : 1024);
+}
 
 /// The parameters of one multi-head attention call. Biases may be undefined.
 struct MultiHeadWeights {
@@ -34,8 +37,8 @@ struct MultiHeadWeights {
 /// L = B or B·heads), and dropout p on the weights in training, drawn as
 /// torch::dropout draws it (the same random stream as the composite path).
 /// One autograd node; a double backward recomputes with the book's ops.
-/// Tensors on the CPU, float or double, non-empty, n·m at most
-/// kSmallHeadScores, already checked.
+/// Tensors on the CPU, float or double, non-empty, small_heads, already
+/// checked.
 std::tuple<torch::Tensor, torch::Tensor> fused_multi_head_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const MultiHeadWeights& weights, const torch::Tensor& lens, int64_t heads, double dropout,

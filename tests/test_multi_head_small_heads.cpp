@@ -136,6 +136,7 @@ TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
       {3, 4, 9, 12, 12, 12, 12, 4},  // d = 3: no whole vector
       {3, 6, 6, 40, 40, 40, 40, 1},  // one head of 40 features
       {3, 5, 20, 6, 5, 4, 8, 2},     // more keys than a vector holds
+      {3, 33, 40, 8, 8, 8, 8, 2},    // several vectors of keys, d = 4
   };
   for (const auto& tol : {d2l::testing::kFastPathDtypes[0], d2l::testing::kFastPathDtypes[1]}) {
     for (const auto& s : shapes) {
@@ -187,28 +188,39 @@ TEST(SmallHeadsNode, IsOneAutogradNodeAtTheBooksShapes) {
   EXPECT_EQ(attention->last_attention_weights().sizes(), (torch::IntArrayRef{16, 10, 10}));
 }
 
-// Past kSmallHeadScores pairs a head runs on the flash kernel; reduced
-// precision, CUDA-less composite and general masks keep their paths.
+// Past small_heads' sizes a head runs on the flash kernel (4096 pairs with
+// d <= 16, 1024 with more features); general masks, the book's ops and
+// reduced precision keep their paths.
 TEST(SmallHeadsNode, LargerHeadsGeneralMasksAndOtherTypesTakeOtherPaths) {
   torch::manual_seed(4);
-  d2l::MultiHeadAttention attention(8, 8, 8, 8, 2, 0.0);
-  attention->eval();
-  const auto big = torch::randn({1, 25, 8}, torch::requires_grad());  // 25 × 25 > 576
-  const auto big_nodes = graph_nodes(attention(big, big, big, torch::Tensor()));
-  EXPECT_TRUE(has_node(big_nodes, "FlashAttentionFunction"));
-  EXPECT_FALSE(has_node(big_nodes, "MultiHeadAttentionFunction"));
-  const auto x = torch::randn({2, 24, 8}, torch::requires_grad());  // 24 × 24 = 576
-  EXPECT_TRUE(small_heads_node(attention(x, x, x, torch::Tensor())));
+  const auto path_of = [](d2l::MultiHeadAttention& attention, int64_t n, int64_t h) {
+    const auto x = torch::randn({1, n, h}, torch::requires_grad());
+    const auto nodes = graph_nodes(attention(x, x, x, torch::Tensor()));
+    EXPECT_NE(has_node(nodes, "FlashAttentionFunction"),
+              has_node(nodes, "MultiHeadAttentionFunction"));
+    return has_node(nodes, "MultiHeadAttentionFunction") ? "small_heads" : "flash";
+  };
+  d2l::MultiHeadAttention narrow(8, 8, 8, 8, 2, 0.0);  // d = 4
+  narrow->eval();
+  EXPECT_STREQ(path_of(narrow, 64, 8), "small_heads");
+  EXPECT_STREQ(path_of(narrow, 65, 8), "flash");
+  d2l::MultiHeadAttention wide(64, 64, 64, 64, 2, 0.0);  // d = 32
+  wide->eval();
+  EXPECT_STREQ(path_of(wide, 32, 64), "small_heads");
+  EXPECT_STREQ(path_of(wide, 33, 64), "flash");
+
+  const auto x = torch::randn({2, 24, 8}, torch::requires_grad());
+  EXPECT_TRUE(small_heads_node(narrow(x, x, x, torch::Tensor())));
   auto holes = torch::zeros({2, 24}, torch::kBool);
   holes.index_put_({0, 0}, true);
   EXPECT_FALSE(small_heads_node(
-      attention->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));
+      narrow->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));
   d2l::MultiHeadAttention composite(
       d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).backend(AttentionBackend::kComposite));
   EXPECT_FALSE(small_heads_node(composite(x, x, x, torch::Tensor())));
-  attention->to(torch::kBFloat16);
+  narrow->to(torch::kBFloat16);
   const auto reduced = x.detach().to(torch::kBFloat16).requires_grad_();
-  EXPECT_FALSE(small_heads_node(attention(reduced, reduced, reduced, torch::Tensor())));
+  EXPECT_FALSE(small_heads_node(narrow(reduced, reduced, reduced, torch::Tensor())));
 }
 
 // In training, dropout draws the same multipliers as the composite path's

@@ -26,20 +26,25 @@
 // (B, n, heads · d): head i of a row is the d features from i·d, so a head
 // is read in place with a row stride of h = heads · d, and the output is
 // written straight into the joined (B, n, h) that the output projection
-// reads. Per head and query row: the scores of its valid keys (a dot product
-// of d features each), the masked softmax (softmax_row-inl.h), which is also
-// the attention weights the book records and what the backward reads, and
-// the output as the weighted sum of the value rows, accumulated in registers
-// one vector of features at a time. The dropout's multipliers, drawn by the
-// caller as ATen's dropout draws them, scale the weights on their way into
-// the output. The backward keeps one head's dS (n × m) per thread: each
-// query's dP over its valid keys, dS = scale · P ∘ (dP - <dP, P>), dQ from
-// dS's row; then dK and dV key by key, from dS's and P's columns, so that
-// every output row is written once. Nothing past a row's length is read, and
-// keys that no row sees get zeros. The scores are held row by row, so the
-// caller keeps these kernels to heads whose n × m weights are small
-// (kSmallHeadScores in multi_head_attention.h); larger heads go
-// to the flash kernel.
+// reads. Each task packs its head's keys transposed (d × m, rounded up to
+// whole vectors), so that a query row's scores are d multiply-adds of whole
+// vectors of keys rather than a dot product per key; then the masked softmax
+// (softmax_row-inl.h; in registers where the keys fit one vector, as the
+// book's 10 do with AVX-512 floats), which is also the attention weights the
+// book records and what the backward reads; and the output as the weighted
+// sum of the value rows, accumulated in registers one vector of features at
+// a time. The dropout's multipliers, drawn by the caller as ATen's dropout
+// draws them, scale the weights on their way into the output. The backward
+// packs the values the same way for each query's dP, keeps one head's dS
+// (n × m) per thread, dS = scale · P ∘ (dP - <dP, P>), takes dQ from dS's
+// row, then dK and dV key by key from dS's and P's columns, so that every
+// output row is written once. Lanes of keys past a row's length are blended
+// away before any maximum or sum, and the weighted sums stop at the length,
+// so nothing stored in padding (inf, NaN) reaches an output; keys that no
+// row sees get zero gradients. A head's weights are held whole for the
+// backward, so the caller keeps these kernels to small heads (small_heads in
+// multi_head_attention.h, with the measurements that chose it); larger
+// heads go to the flash kernel.
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
@@ -89,17 +94,6 @@ void store_some(const Vectorized<T>& v, T* p, int64_t r) {
   }
 }
 
-template <typename T>
-T dot(const T* a, const T* b, int64_t d) {
-  using V = Vectorized<T>;
-  V acc(T(0));
-  for (int64_t f = 0; f < d; f += V::size()) {
-    const int64_t r = std::min<int64_t>(V::size(), d - f);
-    acc = at::vec::fmadd(load_some(a + f, r), load_some(b + f, r), acc);
-  }
-  return horizontal_sum(acc);
-}
-
 // out[0:d] = Σ_t coef[t · coef_stride] · rows[t · row_stride + 0:d], t < count,
 // one vector of features at a time in a register.
 template <typename T>
@@ -116,37 +110,66 @@ void weighted_rows(const T* coef, int64_t coef_stride, const T* rows, int64_t ro
   }
 }
 
-// Rows of at most one vector of keys (the book's 10 with AVX-512 floats)
-// hold their scores in a register: a head's keys (or values) transposed,
-// t[f · S + j] = x[j][f], zeros past m, give a row's m scores as d
-// multiply-adds of whole vectors, with no dot product per key.
+// A head's keys (or values) transposed, t[f · width + j] = x[j][f] with
+// zeros from m to width (m rounded up to whole vectors), give a row's scores
+// (or dP) as d multiply-adds of whole vectors per vector of keys, with no
+// dot product per key. A row of at most one vector of keys (the book's 10
+// with AVX-512 floats) keeps them in a register.
+template <typename T>
+int64_t transposed_width(int64_t m) {
+  constexpr int64_t S = Vectorized<T>::size();
+  return (m + S - 1) / S * S;
+}
+
 template <typename T>
 void pack_transposed_rows(const T* x, int64_t h, int64_t m, int64_t d, T* t) {
-  constexpr int64_t S = Vectorized<T>::size();
+  const int64_t width = transposed_width<T>(m);
   for (int64_t f = 0; f < d; ++f) {
-    for (int64_t j = 0; j < S; ++j) t[f * S + j] = j < m ? x[j * h + f] : T(0);
+    for (int64_t j = 0; j < width; ++j) t[f * width + j] = j < m ? x[j * h + f] : T(0);
   }
 }
 
+// Lanes [j0, j0 + S) of row · t.
 template <typename T>
-Vectorized<T> row_times_transposed(const T* row, const T* t, int64_t d) {
+Vectorized<T> row_times_transposed(const T* row, const T* t, int64_t d, int64_t width,
+                                   int64_t j0 = 0) {
   using V = Vectorized<T>;
   V acc(T(0));
-  for (int64_t f = 0; f < d; ++f) acc = at::vec::fmadd(V(row[f]), V::loadu(t + f * V::size()), acc);
+  for (int64_t f = 0; f < d; ++f) acc = at::vec::fmadd(V(row[f]), V::loadu(t + f * width + j0), acc);
   return acc;
 }
 
+// out[0:len] (and up to the end of its last vector) = row · t.
+template <typename T>
+void row_times_transposed(const T* row, const T* t, int64_t d, int64_t width, int64_t len,
+                          T* out) {
+  for (int64_t j0 = 0; j0 < len; j0 += Vectorized<T>::size()) {
+    row_times_transposed(row, t, d, width, j0).store(out + j0);
+  }
+}
+
 // softmax_row for one vector of scores (m <= S, 0 < len <= m), in registers,
-// with the same operations in the same order: the same bits.
+// with the same operations in the same order: the same bits. (GCC 12 warns
+// that the AVX-512 min and max inside softmax_exp read an uninitialised
+// register, their _mm512_undefined_ps() pass-through operand, wherever it
+// inlines them here; the operand is never read: the mask is all ones.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 template <typename T>
 void softmax_vector(const Vectorized<T>& scores, T* y, int64_t len, int64_t m, T scale) {
   using V = Vectorized<T>;
   const V x = set_first(V(-std::numeric_limits<T>::infinity()), scores, len);
-  const V vmax(horizontal_max(x));
-  const V e = set_first(V(0), softmax_exp((x - vmax) * V(scale)), len);
+  const V vmax(horizontal_max(x)), vscale(scale);
+  // Lanes past len may hold anything (padding keys' scores): blended away.
+  const V e = set_first(V(0), softmax_exp((scores - vmax) * vscale), len);
   const V inv(T(1) / horizontal_sum(e));
   store_some(set_first(V(0), e * inv, len), y, m);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // softmax_backward_row for one vector: dx = scale · y ∘ (dy - <dy, y>) over
 // the first len lanes, 0 after them; dy's other lanes never count.
@@ -190,24 +213,23 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   const T sc = static_cast<T>(scale);
   parallel_heads(s, L, [&](int64_t b, int64_t head) {
     thread_local std::vector<T> scores, kept, keys_t;
-    scores.resize(s.m);
+    const int64_t width = transposed_width<T>(s.m);
+    scores.resize(width);
     kept.resize(s.m);
+    keys_t.resize(s.d * width);
     const int64_t e = b * s.heads + head;
     const T* kh = kp + b * s.m * s.h + head * s.d;
     const T* vh = vp + b * s.m * s.h + head * s.d;
+    pack_transposed_rows(kh, s.h, s.m, s.d, keys_t.data());
     const bool one_vector = s.m <= Vectorized<T>::size();
-    if (one_vector) {
-      keys_t.resize(s.d * Vectorized<T>::size());
-      pack_transposed_rows(kh, s.h, s.m, s.d, keys_t.data());
-    }
     for (int64_t i = 0; i < s.n; ++i) {
       const int64_t len = L.at(s, b, head, i);
       const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
       T* wi = wp + (e * s.n + i) * s.m;
       if (one_vector && len > 0) {
-        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d), wi, len, s.m, sc);
+        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d, width), wi, len, s.m, sc);
       } else {
-        for (int64_t j = 0; j < len; ++j) scores[j] = dot(qi, kh + j * s.h, s.d);
+        row_times_transposed(qi, keys_t.data(), s.d, width, len, scores.data());
         softmax_row(scores.data(), wi, len, s.m, sc);
       }
       const T* p = wi;
@@ -243,8 +265,10 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   parallel_heads(s, L, [&](int64_t b, int64_t head) {
     // One head's dS, and P ∘ noise when there is dropout, (n × m); one row's dP.
     thread_local std::vector<T> ds, kept, dp, values_t;
+    const int64_t width = transposed_width<T>(s.m);
     ds.resize(s.n * s.m);
-    dp.resize(s.m);
+    dp.resize(width);
+    values_t.resize(s.d * width);
     if (np != nullptr) kept.resize(s.n * s.m);
     const int64_t e = b * s.heads + head;
     const int64_t column = head * s.d;
@@ -253,11 +277,8 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     const T* vh = vp + b * s.m * s.h + column;
     const T* gh = gp + b * s.n * s.h + column;
     const T* we = wp + e * s.n * s.m;
+    pack_transposed_rows(vh, s.h, s.m, s.d, values_t.data());
     const bool one_vector = s.m <= Vectorized<T>::size();
-    if (one_vector) {
-      values_t.resize(s.d * Vectorized<T>::size());
-      pack_transposed_rows(vh, s.h, s.m, s.d, values_t.data());
-    }
     int64_t longest = 0;
     for (int64_t i = 0; i < s.n; ++i) {
       const int64_t len = L.at(s, b, head, i);
@@ -267,7 +288,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       T* dsi = ds.data() + i * s.m;
       if (one_vector) {
         using V = Vectorized<T>;
-        V dpv = row_times_transposed(gi, values_t.data(), s.d);
+        V dpv = row_times_transposed(gi, values_t.data(), s.d, width);
         const V p = load_some(wi, s.m);
         if (np != nullptr) {
           const V noise_i = load_some(np + (e * s.n + i) * s.m, s.m);
@@ -279,7 +300,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
         weighted_rows(dsi, 1, kh, s.h, len, s.d, dqp + (b * s.n + i) * s.h + column);
         continue;
       }
-      for (int64_t j = 0; j < len; ++j) dp[j] = dot(gi, vh + j * s.h, s.d);
+      row_times_transposed(gi, values_t.data(), s.d, width, len, dp.data());
       if (np != nullptr) {
         const T* ni = np + (e * s.n + i) * s.m;
         T* ki = kept.data() + i * s.m;
