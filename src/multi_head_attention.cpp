@@ -91,13 +91,57 @@ void check_module_inputs(const char* fn, const MultiHeadAttentionOptions& option
   detail::check_same_dtype(fn, "W_q.weight", W_q, "queries", queries);
 }
 
-// functional::multi_head_attention, with messages naming `fn` (the function
-// or the module that was called); a module passes its options, checked after
-// the inputs' own shapes.
-std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
-    const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
-    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const functional::MultiHeadAttentionFuncOptions& o) {
+// What a call runs, once its arguments are checked: its masks, resolved per
+// batch entry (or per head, when attn_mask gives each head its own), and
+// whether its heads are small enough for the one-node kernels.
+struct Plan {
+  int64_t heads = 1;
+  detail::ResolvedMask mask;
+  bool mask_per_head = false;
+  bool small = false;
+  /// Why not small_heads, as "small_heads: <why>" (when asked).
+  std::vector<std::string> reasons;
+};
+
+// Why the heads of this call do not run as one node (Note [Small heads]), or
+// empty when they do.
+std::string why_not_small_heads(const torch::Tensor& queries, const torch::Tensor& keys,
+                                const functional::MultiHeadAttentionFuncOptions& o,
+                                const detail::ResolvedMask& mask) {
+  const auto backend = o.backend();
+  if (backend == AttentionBackend::kComposite) {
+    return "AttentionBackend::kComposite asks for the book's ops";
+  }
+  if (backend == AttentionBackend::kSdpa) return "AttentionBackend::kSdpa asks for SDPA per head";
+  if (!queries.device().is_cpu()) {
+    return fmt::format("tensors on {} (the kernels run on the CPU)", queries.device().str());
+  }
+  if (mask.allowed.defined()) {
+    return mask.general_because + " (the kernels mask by lengths)";
+  }
+  const auto type = queries.scalar_type();
+  if (type != torch::kFloat && type != torch::kDouble) {
+    return fmt::format("dtype {} (the kernels run in float or double)", c10::toString(type));
+  }
+  const int64_t n = queries.size(1), m = keys.size(1);
+  if (queries.size(0) == 0 || n == 0 || m == 0) return "a size is zero";
+  const int64_t d = o.W_q().size(0) / o.num_heads();
+  if (!detail::small_heads(n, m, d)) {
+    return fmt::format(
+        "heads of {} queries x {} keys x {} features (the kernels take up to 64 x 64 pairs "
+        "with at most 16 features, 32 x 32 with more)",
+        n, m, d);
+  }
+  return {};
+}
+
+// functional::multi_head_attention's checks, with messages naming `fn` (the
+// function or the module that was called; a module passes its options,
+// checked after the inputs' own shapes), and its plan.
+Plan plan_call(const char* fn, const MultiHeadAttentionOptions* module_options,
+               const torch::Tensor& queries, const torch::Tensor& keys,
+               const torch::Tensor& values, const torch::Tensor& valid_lens,
+               const functional::MultiHeadAttentionFuncOptions& o, bool explain) {
   detail::check_strided_layout(fn, "queries", queries);
   detail::check_strided_layout(fn, "keys", keys);
   detail::check_strided_layout(fn, "values", values);
@@ -120,54 +164,101 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
   check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
   detail::check_dropout(fn, o.dropout());
+  detail::Masks masks{o.key_padding_mask(), o.attn_mask(), o.is_causal()};
+  detail::check_masks(fn, masks, queries, keys, heads);
+  const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
+  Plan plan;
+  plan.heads = heads;
+  // Head b * heads + i belongs to batch element b. The masks resolve once per
+  // batch element, unless attn_mask gives each head its own; then every
+  // length and mask row is repeated per head first.
+  plan.mask_per_head =
+      heads > 1 && masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) == batch * heads;
+  auto lens = valid_lens;
+  if (plan.mask_per_head) {
+    lens = valid_lens.defined() ? valid_lens.repeat_interleave(heads, 0) : valid_lens;
+    // Repeating the lengths keeps their range: the check above stands for them.
+    if (range && range->on_host.defined()) {
+      range->on_host = range->on_host.repeat_interleave(heads, 0);
+    }
+    if (masks.key_padding_mask.defined()) {
+      masks.key_padding_mask = masks.key_padding_mask.repeat_interleave(heads, 0);
+    }
+  }
+  plan.mask = detail::resolve_masks(fn, lens, range, masks,
+                                    plan.mask_per_head ? batch * heads : batch, n, m,
+                                    queries.device());
+  const auto why = why_not_small_heads(queries, keys, o, plan.mask);
+  plan.small = why.empty();
+  if (!plan.small && explain) plan.reasons.push_back("small_heads: " + why);
+  return plan;
+}
+
+// The plan's masks for the per-head paths: one row per head.
+detail::ResolvedMask per_head_mask(const Plan& plan) {
+  auto mask = plan.mask;
+  if (plan.mask_per_head) return mask;
+  const auto repeat = [&](const torch::Tensor& t) {
+    return t.defined() ? t.repeat_interleave(plan.heads, /*dim=*/0) : t;
+  };
+  mask.lens = repeat(mask.lens);
+  mask.allowed = repeat(mask.allowed);
+  if (mask.range && mask.range->on_host.defined()) {
+    mask.range->on_host = repeat(mask.range->on_host);
+  }
+  return mask;
+}
+
+// functional::multi_head_attention, with messages naming `fn`.
+std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
+    const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
+    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
+    const functional::MultiHeadAttentionFuncOptions& o) {
+  const bool log = detail::logging_paths();
+  const auto plan = plan_call(fn, module_options, queries, keys, values, valid_lens, o, log);
+  if (plan.small) {
+    // Small heads on the CPU: one autograd node (Note [Small heads]).
+    if (log) detail::log_path(fn, o.backend(), "small_heads", {});
+    return detail::fused_multi_head_attention(
+        queries, keys, values,
+        {o.W_q(), o.W_k(), o.W_v(), o.W_o(), o.b_q(), o.b_k(), o.b_v(), o.b_o()}, plan.mask.lens,
+        plan.heads, o.dropout(), o.training(), o.need_weights());
+  }
+  if (log) detail::log_path(fn, o.backend(), "per-head dot-product attention", plan.reasons);
   const auto project = [&o](const torch::Tensor& x, const torch::Tensor& W,
                             const torch::Tensor& b) {
     return detail::linear(x, W, b, o.backend());
   };
-  detail::Masks masks{o.key_padding_mask(), o.attn_mask(), o.is_causal()};
-  detail::check_masks(fn, masks, queries, keys, heads);
-  const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
-  // Head b * heads + i belongs to batch element b: each length and mask row
-  // is repeated per head. The masks resolve once per batch element, unless
-  // attn_mask gives each head its own.
-  const auto per_head = [heads](const torch::Tensor& t) {
-    return t.defined() ? t.repeat_interleave(heads, /*dim=*/0) : t;
-  };
-  const bool mask_per_head =
-      heads > 1 && masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) == batch * heads;
-  auto lens = valid_lens;
-  if (mask_per_head) {
-    lens = per_head(valid_lens);
-    // Repeating the lengths keeps their range: the check above stands for them.
-    if (range && range->on_host.defined()) range->on_host = per_head(range->on_host);
-    masks.key_padding_mask = per_head(masks.key_padding_mask);
-  }
-  auto mask = detail::resolve_masks(fn, lens, range, masks, mask_per_head ? batch * heads : batch,
-                                    n, m, queries.device());
-  // Small heads on the CPU: one autograd node (Note [Small heads]).
-  const auto type = queries.scalar_type();
-  if (queries.device().is_cpu() &&
-      (o.backend() == AttentionBackend::kAuto || o.backend() == AttentionBackend::kFused) &&
-      !mask.allowed.defined() && (type == torch::kFloat || type == torch::kDouble) &&
-      batch > 0 && n > 0 && m > 0 && detail::small_heads(n, m, o.W_q().size(0) / heads)) {
-    if (detail::logging_paths()) detail::log_path(fn, o.backend(), "small_heads", {});
-    return detail::fused_multi_head_attention(
-        queries, keys, values, {o.W_q(), o.W_k(), o.W_v(), o.W_o(), o.b_q(), o.b_k(), o.b_v(), o.b_o()},
-        mask.lens, heads, o.dropout(), o.training(), o.need_weights());
-  }
-  if (!mask_per_head) {
-    mask.lens = per_head(mask.lens);
-    mask.allowed = per_head(mask.allowed);
-    if (mask.range && mask.range->on_host.defined()) {
-      mask.range->on_host = per_head(mask.range->on_host);
-    }
-  }
+  const int64_t heads = plan.heads;
   auto [output, weights] = detail::dot_product_attention(
       "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
-      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), mask, o.dropout(), o.training(),
-      o.backend(), o.need_weights());
+      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), per_head_mask(plan),
+      o.dropout(), o.training(), o.backend(), o.need_weights());
   return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
+}
+
+// explain_path for multi-head attention: "small_heads", or the path of the
+// per-head dot-product attention, after the same checks as the call.
+PathExplanation explain_multi_head_attention(const char* fn,
+                                             const MultiHeadAttentionOptions* module_options,
+                                             const torch::Tensor& queries,
+                                             const torch::Tensor& keys,
+                                             const torch::Tensor& values,
+                                             const torch::Tensor& valid_lens,
+                                             const functional::MultiHeadAttentionFuncOptions& o) {
+  const auto plan = plan_call(fn, module_options, queries, keys, values, valid_lens, o, true);
+  if (plan.small) return {fn, o.backend(), "small_heads", {}};
+  // The heads' shapes, without projecting anything: one element, expanded.
+  const int64_t batch = queries.size(0) * plan.heads, d = o.W_q().size(0) / plan.heads;
+  const auto head_shaped = [&](int64_t rows) {
+    return torch::empty({1}, queries.options()).expand({batch, rows, d});
+  };
+  auto inner = detail::explain_dot_product_attention(
+      fn, head_shaped(queries.size(1)), head_shaped(keys.size(1)), head_shaped(keys.size(1)),
+      per_head_mask(plan), o.dropout(), o.training(), o.backend(), o.need_weights());
+  inner.reasons.insert(inner.reasons.begin(), plan.reasons.begin(), plan.reasons.end());
+  return inner;
 }
 
 }  // namespace
@@ -191,6 +282,13 @@ std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
 }
 
 }  // namespace functional
+
+PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values, const torch::Tensor& valid_lens,
+                             const functional::MultiHeadAttentionFuncOptions& options) {
+  return explain_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
+                                      valid_lens, options);
+}
 
 MultiHeadAttentionOptions::MultiHeadAttentionOptions(int64_t key_size, int64_t query_size,
                                                      int64_t value_size, int64_t num_hiddens,
@@ -316,6 +414,22 @@ std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_we
   return checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
                                       mask.valid_lens(),
                                       module_call(*this, mask, /*need_weights=*/true));
+}
+
+PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& queries,
+                                                     const torch::Tensor& keys,
+                                                     const torch::Tensor& values,
+                                                     const torch::Tensor& valid_lens) const {
+  return explain_path(queries, keys, values, AttentionMask().valid_lens(valid_lens));
+}
+
+PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& queries,
+                                                     const torch::Tensor& keys,
+                                                     const torch::Tensor& values,
+                                                     const AttentionMask& mask) const {
+  return explain_multi_head_attention(
+      "d2l::MultiHeadAttention", &options, queries, keys, values, mask.valid_lens(),
+      module_call(*this, mask, attention->options.record_attention_weights()));
 }
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {

@@ -50,7 +50,8 @@ struct PathExplanation {
   /// The backend asked for.
   AttentionBackend backend = AttentionBackend::kAuto;
   /// The path the call runs. Dot-product attention: "flash", "sdpa",
-  /// "fused_softmax" or "composite"; additive attention: "fused_projections",
+  /// "fused_softmax" or "composite"; multi-head attention: "small_heads" or
+  /// its heads' dot-product path; additive attention: "fused_projections",
   /// "fused_values", "fused_scores", "chunked" or "composite".
   std::string path;
   /// Why each path faster than `path` was refused, fastest first, each as

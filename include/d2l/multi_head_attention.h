@@ -78,10 +78,13 @@ struct MultiHeadAttentionFuncOptions {
   /// Probability of zeroing an attention weight when `training`.
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, training) = false;
-  /// Backend of the per-head dot-product attention.
+  /// Backend: kAuto and kFused run small heads on the CPU as one node
+  /// (explain_path), and otherwise pass it to the per-head dot-product
+  /// attention.
   TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
   /// Whether to return the per-head weights (off, AttentionBackend::kAuto
-  /// runs the flash kernel on the CPU, SDPA on CUDA).
+  /// runs heads past small_heads' sizes on the flash kernel without them on
+  /// the CPU, and SDPA on CUDA).
   TORCH_ARG(bool, need_weights) = true;
   /// torch::kBool (B, m), true at padding keys (AttentionMask::key_padding_mask).
   TORCH_ARG(torch::Tensor, key_padding_mask) = {};
@@ -114,6 +117,18 @@ std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
     const torch::Tensor& valid_lens, const MultiHeadAttentionFuncOptions& options);
 
 }  // namespace functional
+
+/// Which path functional::multi_head_attention takes for these arguments, and
+/// why it refused the faster ones: "small_heads" (the projections, a kernel
+/// over the heads in place and the output projection, one autograd node; the
+/// CPU in float or double, heads of up to 64 x 64 (query, key) pairs with at
+/// most 16 features, 32 x 32 with more, masks that are lengths), else the
+/// per-head dot-product attention's path, with "small_heads: <why>" first
+/// among the reasons. The same checks and errors as the call, without
+/// computing anything.
+PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                             const torch::Tensor& values, const torch::Tensor& valid_lens,
+                             const functional::MultiHeadAttentionFuncOptions& options);
 
 /// d2l's `MultiHeadAttention`: queries (B, n, query_size), keys (B, m, key_size),
 /// values (B, m, value_size), valid_lens (B) or (B, n) -> (B, n, num_hiddens).
@@ -153,6 +168,14 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
                                                                 const torch::Tensor& keys,
                                                                 const torch::Tensor& values,
                                                                 const AttentionMask& mask);
+
+  /// Which path forward takes for these inputs in the module's mode, and why
+  /// (explain_path with the module's weights, dropout and options).
+  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values,
+                               const torch::Tensor& valid_lens = {}) const;
+  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
+                               const torch::Tensor& values, const AttentionMask& mask) const;
 
   /// attention->attention_weights, read safely while other threads call
   /// forward (Note [Recording attention weights] in src/attention_weights.h).
