@@ -1,8 +1,9 @@
 // Multi-head attention: the head split and join, the functional form and
-// the module. Each head runs functional::dot_product_attention.
+// the module. Small heads run as one node (autograd/multi_head_attention.cpp),
+// the others as dot-product attention per head; the checks and the choice
+// are in multi_head_attention_plan.cpp.
 
 #include <d2l/multi_head_attention.h>
-
 
 #include <fmt/format.h>
 
@@ -54,168 +55,14 @@ torch::Tensor transpose_output(const torch::Tensor& X, int64_t num_heads) {
 
 namespace {
 
-// A projection's weight (h, in) and optional bias (h), on the queries' device
-// and in their dtype.
-void check_projection(const char* fn, const char* name, const torch::Tensor& W,
-                      const char* bias_name, const torch::Tensor& b, int64_t h, int64_t in,
-                      const torch::Tensor& queries) {
-  detail::check_strided_layout(fn, name, W);
-  detail::check_strided_layout(fn, bias_name, b);
-  detail::check_floating(fn, name, W, 2);
-  TORCH_CHECK(
-      W.size(0) == h && W.size(1) == in,
-      fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, h, in, detail::shape_of(W)));
-  detail::check_same_device(fn, "queries", queries, name, W);
-  detail::check_same_dtype(fn, "queries", queries, name, W);
-  if (!b.defined()) return;
-  TORCH_CHECK(b.dim() == 1 && b.size(0) == h,
-              fmt::format("{}: {} must have shape [{}] or be undefined, got {}", fn, bias_name, h,
-                          detail::shape_of(b)));
-  detail::check_same_device(fn, "queries", queries, bias_name, b);
-  detail::check_same_dtype(fn, "queries", queries, bias_name, b);
-}
-
-// The module's own checks: its inputs against its options, in its words.
-void check_module_inputs(const char* fn, const MultiHeadAttentionOptions& options,
-                         const torch::Tensor& queries, const torch::Tensor& keys,
-                         const torch::Tensor& values, const torch::Tensor& W_q) {
-  const auto features_ok = [&](const torch::Tensor& t, int64_t size) { return t.size(2) == size; };
-  TORCH_CHECK(
-      features_ok(queries, options.query_size()) && features_ok(keys, options.key_size()) &&
-          features_ok(values, options.value_size()),
-      fmt::format("{}: queries, keys and values must have query_size={}, key_size={} and "
-                  "value_size={} features, got queries {}, keys {} and values {}",
-                  fn, options.query_size(), options.key_size(), options.value_size(),
-                  detail::shape_of(queries), detail::shape_of(keys), detail::shape_of(values)));
-  detail::check_same_device(fn, "W_q.weight", W_q, "queries", queries);
-  detail::check_same_dtype(fn, "W_q.weight", W_q, "queries", queries);
-}
-
-// What a call runs, once its arguments are checked: its masks, resolved per
-// batch entry (or per head, when attn_mask gives each head its own), and
-// whether its heads are small enough for the one-node kernels.
-struct Plan {
-  int64_t heads = 1;
-  detail::ResolvedMask mask;
-  bool mask_per_head = false;
-  bool small = false;
-  /// Why not small_heads, as "small_heads: <why>" (when asked).
-  std::vector<std::string> reasons;
-};
-
-// Why the heads of this call do not run as one node (Note [Small heads]), or
-// empty when they do.
-std::string why_not_small_heads(const torch::Tensor& queries, const torch::Tensor& keys,
-                                const functional::MultiHeadAttentionFuncOptions& o,
-                                const detail::ResolvedMask& mask) {
-  const auto backend = o.backend();
-  if (backend == AttentionBackend::kComposite) {
-    return "AttentionBackend::kComposite asks for the book's ops";
-  }
-  if (backend == AttentionBackend::kSdpa) return "AttentionBackend::kSdpa asks for SDPA per head";
-  if (!queries.device().is_cpu()) {
-    return fmt::format("tensors on {} (the kernels run on the CPU)", queries.device().str());
-  }
-  if (mask.allowed.defined()) {
-    return mask.general_because + " (the kernels mask by lengths)";
-  }
-  const auto type = queries.scalar_type();
-  if (type != torch::kFloat && type != torch::kDouble) {
-    return fmt::format("dtype {} (the kernels run in float or double)", c10::toString(type));
-  }
-  const int64_t n = queries.size(1), m = keys.size(1);
-  if (queries.size(0) == 0 || n == 0 || m == 0) return "a size is zero";
-  const int64_t d = o.W_q().size(0) / o.num_heads();
-  if (!detail::small_heads(n, m, d)) {
-    return fmt::format(
-        "heads of {} queries x {} keys x {} features (the kernels take up to 64 x 64 pairs "
-        "with at most 16 features, 32 x 32 with more)",
-        n, m, d);
-  }
-  return {};
-}
-
-// functional::multi_head_attention's checks, with messages naming `fn` (the
-// function or the module that was called; a module passes its options,
-// checked after the inputs' own shapes), and its plan.
-Plan plan_call(const char* fn, const MultiHeadAttentionOptions* module_options,
-               const torch::Tensor& queries, const torch::Tensor& keys,
-               const torch::Tensor& values, const torch::Tensor& valid_lens,
-               const functional::MultiHeadAttentionFuncOptions& o, bool explain) {
-  detail::check_strided_layout(fn, "queries", queries);
-  detail::check_strided_layout(fn, "keys", keys);
-  detail::check_strided_layout(fn, "values", values);
-  detail::check_strided_layout(fn, "valid_lens", valid_lens);
-  auto range = detail::check_qkv(fn, queries, keys, values, valid_lens);
-  if (module_options != nullptr) {
-    check_module_inputs(fn, *module_options, queries, keys, values, o.W_q());
-  }
-  const int64_t heads = o.num_heads();
-  TORCH_CHECK(heads > 0, fmt::format("{}: num_heads must be positive, got {}", fn, heads));
-  detail::check_strided_layout(fn, "W_q", o.W_q());
-  detail::check_floating(fn, "W_q", o.W_q(), 2);
-  const int64_t h = o.W_q().size(0);
-  TORCH_CHECK(h % heads == 0,
-              fmt::format("{}: num_hiddens (the rows of W_q) must be divisible by num_heads, got "
-                          "W_q {} and num_heads={}",
-                          fn, detail::shape_of(o.W_q()), heads));
-  check_projection(fn, "W_q", o.W_q(), "b_q", o.b_q(), h, queries.size(2), queries);
-  check_projection(fn, "W_k", o.W_k(), "b_k", o.b_k(), h, keys.size(2), queries);
-  check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
-  check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
-  detail::check_dropout(fn, o.dropout());
-  detail::Masks masks{o.key_padding_mask(), o.attn_mask(), o.is_causal()};
-  detail::check_masks(fn, masks, queries, keys, heads);
-  const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
-  Plan plan;
-  plan.heads = heads;
-  // Head b * heads + i belongs to batch element b. The masks resolve once per
-  // batch element, unless attn_mask gives each head its own; then every
-  // length and mask row is repeated per head first.
-  plan.mask_per_head =
-      heads > 1 && masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) == batch * heads;
-  auto lens = valid_lens;
-  if (plan.mask_per_head) {
-    lens = valid_lens.defined() ? valid_lens.repeat_interleave(heads, 0) : valid_lens;
-    // Repeating the lengths keeps their range: the check above stands for them.
-    if (range && range->on_host.defined()) {
-      range->on_host = range->on_host.repeat_interleave(heads, 0);
-    }
-    if (masks.key_padding_mask.defined()) {
-      masks.key_padding_mask = masks.key_padding_mask.repeat_interleave(heads, 0);
-    }
-  }
-  plan.mask = detail::resolve_masks(fn, lens, range, masks,
-                                    plan.mask_per_head ? batch * heads : batch, n, m,
-                                    queries.device());
-  const auto why = why_not_small_heads(queries, keys, o, plan.mask);
-  plan.small = why.empty();
-  if (!plan.small && explain) plan.reasons.push_back("small_heads: " + why);
-  return plan;
-}
-
-// The plan's masks for the per-head paths: one row per head.
-detail::ResolvedMask per_head_mask(const Plan& plan) {
-  auto mask = plan.mask;
-  if (plan.mask_per_head) return mask;
-  const auto repeat = [&](const torch::Tensor& t) {
-    return t.defined() ? t.repeat_interleave(plan.heads, /*dim=*/0) : t;
-  };
-  mask.lens = repeat(mask.lens);
-  mask.allowed = repeat(mask.allowed);
-  if (mask.range && mask.range->on_host.defined()) {
-    mask.range->on_host = repeat(mask.range->on_host);
-  }
-  return mask;
-}
-
 // functional::multi_head_attention, with messages naming `fn`.
 std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
     const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
     const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
     const functional::MultiHeadAttentionFuncOptions& o) {
   const bool log = detail::logging_paths();
-  const auto plan = plan_call(fn, module_options, queries, keys, values, valid_lens, o, log);
+  const auto plan = detail::plan_multi_head_attention(fn, module_options, queries, keys, values,
+                                                      valid_lens, o, log);
   if (plan.small) {
     // Small heads on the CPU: one autograd node (Note [Small heads]).
     if (log) detail::log_path(fn, o.backend(), "small_heads", {});
@@ -233,7 +80,7 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
   auto [output, weights] = detail::dot_product_attention(
       "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
-      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), per_head_mask(plan),
+      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), detail::per_head_mask(plan),
       o.dropout(), o.training(), o.backend(), o.need_weights());
   return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
@@ -243,11 +90,11 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
 PathExplanation explain_multi_head_attention(const char* fn,
                                              const MultiHeadAttentionOptions* module_options,
                                              const torch::Tensor& queries,
-                                             const torch::Tensor& keys,
-                                             const torch::Tensor& values,
+                                             const torch::Tensor& keys, const torch::Tensor& values,
                                              const torch::Tensor& valid_lens,
                                              const functional::MultiHeadAttentionFuncOptions& o) {
-  const auto plan = plan_call(fn, module_options, queries, keys, values, valid_lens, o, true);
+  const auto plan = detail::plan_multi_head_attention(fn, module_options, queries, keys, values,
+                                                      valid_lens, o, true);
   if (plan.small) return {fn, o.backend(), "small_heads", {}};
   // The heads' shapes, without projecting anything: one element, expanded.
   const int64_t batch = queries.size(0) * plan.heads, d = o.W_q().size(0) / plan.heads;
@@ -256,7 +103,7 @@ PathExplanation explain_multi_head_attention(const char* fn,
   };
   auto inner = detail::explain_dot_product_attention(
       fn, head_shaped(queries.size(1)), head_shaped(keys.size(1)), head_shaped(keys.size(1)),
-      per_head_mask(plan), o.dropout(), o.training(), o.backend(), o.need_weights());
+      detail::per_head_mask(plan), o.dropout(), o.training(), o.backend(), o.need_weights());
   inner.reasons.insert(inner.reasons.begin(), plan.reasons.begin(), plan.reasons.end());
   return inner;
 }

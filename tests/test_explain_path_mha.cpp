@@ -24,8 +24,9 @@ using d2l::testing::has_node;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-const char* kWide = "small_heads: heads of 40 queries x 40 keys x 32 features (the kernels take "
-                    "up to 64 x 64 pairs with at most 16 features, 32 x 32 with more)";
+const char* kWide =
+    "small_heads: heads of 40 queries x 40 keys x 32 features (the kernels take "
+    "up to 64 x 64 pairs with at most 16 features, 32 x 32 with more)";
 const char* kDropout = "flash: dropout 0.1 in training (no dropout in the kernel)";
 
 struct Row {
@@ -68,12 +69,29 @@ TEST(ExplainPathMultiHead, DecisionTableOnTheCpu) {
     rows.push_back({"small, double", backend, 10, 32, torch::kDouble, true, "small_heads", {}});
     rows.push_back({"d 16 at 64 x 64", backend, 64, 32, torch::kFloat, false, "small_heads", {}});
     rows.push_back({"wide", backend, 40, 64, torch::kFloat, false, "flash", {kWide}});
-    rows.push_back(
-        {"wide, dropout", backend, 40, 64, torch::kFloat, true, "fused_softmax", {kWide, kDropout}});
-    rows.push_back({"bfloat16", backend, 10, 32, torch::kBFloat16, false, "flash",
+    rows.push_back({"wide, dropout",
+                    backend,
+                    40,
+                    64,
+                    torch::kFloat,
+                    true,
+                    "fused_softmax",
+                    {kWide, kDropout}});
+    rows.push_back({"bfloat16",
+                    backend,
+                    10,
+                    32,
+                    torch::kBFloat16,
+                    false,
+                    "flash",
                     {"small_heads: dtype BFloat16 (the kernels run in float or double)"}});
   }
-  rows.push_back({"composite", AttentionBackend::kComposite, 10, 32, torch::kFloat, false,
+  rows.push_back({"composite",
+                  AttentionBackend::kComposite,
+                  10,
+                  32,
+                  torch::kFloat,
+                  false,
                   "composite",
                   {"small_heads: " + composite, "flash: " + composite, "sdpa: " + composite,
                    "fused_softmax: " + composite}});
@@ -123,7 +141,8 @@ TEST(ExplainPathMultiHead, ErrorsAreTheCallsErrors) {
   if (D2L_HAS_SDPA) {
     const auto why = sdpa->explain_path(x, x, x);
     EXPECT_EQ(why.path, "sdpa");
-    EXPECT_THAT(why.reasons, ElementsAre("small_heads: AttentionBackend::kSdpa asks for SDPA per head"));
+    EXPECT_THAT(why.reasons,
+                ElementsAre("small_heads: AttentionBackend::kSdpa asks for SDPA per head"));
   } else {
     EXPECT_THAT(error_message([&] { sdpa->explain_path(x, x, x); }),
                 HasSubstr("AttentionBackend::kSdpa needs LibTorch 2.1"));

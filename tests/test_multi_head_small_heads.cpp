@@ -33,11 +33,10 @@ struct Shape {
 
 // Two modules with the same weights: the default backend, and the book's ops.
 std::pair<d2l::MultiHeadAttention, d2l::MultiHeadAttention> twins(const Shape& s, bool bias,
-                                                                   double dropout,
-                                                                   torch::Dtype dtype) {
+                                                                  double dropout,
+                                                                  torch::Dtype dtype) {
   const auto options =
-      d2l::MultiHeadAttentionOptions(s.key_size, s.query_size, s.value_size, s.num_hiddens,
-                                     s.heads)
+      d2l::MultiHeadAttentionOptions(s.key_size, s.query_size, s.value_size, s.num_hiddens, s.heads)
           .bias(bias)
           .dropout(dropout);
   d2l::MultiHeadAttention fused(options);
@@ -110,7 +109,8 @@ struct MaskCase {
 std::vector<MaskCase> mask_cases(const Shape& s) {
   const auto lens = torch::tensor({s.m, 2L, 0L});
   const auto per_query = torch::randint(0, s.m + 1, {s.batch, s.n});
-  const auto padding = torch::arange(s.m).view({1, s.m}) >= torch::tensor({s.m, 3L, 1L}).view({-1, 1});
+  const auto padding =
+      torch::arange(s.m).view({1, s.m}) >= torch::tensor({s.m, 3L, 1L}).view({-1, 1});
   const auto head_lens = torch::randint(0, s.m + 1, {s.batch * s.heads, s.n, 1});
   const auto per_head = torch::arange(s.m).view({1, 1, s.m}) >= head_lens;
   std::vector<MaskCase> cases = {
@@ -131,12 +131,12 @@ class SmallHeads : public d2l::testing::Fused {};
 // cross-attention, a loss on the output or on the output and the weights.
 TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
   const std::vector<Shape> shapes = {
-      {3, 5, 7, 6, 5, 4, 8, 2},     // cross-attention, d = 4
+      {3, 5, 7, 6, 5, 4, 8, 2},        // cross-attention, d = 4
       {3, 10, 10, 32, 32, 32, 32, 4},  // the book's Transformer, d = 8
-      {3, 4, 9, 12, 12, 12, 12, 4},  // d = 3: no whole vector
-      {3, 6, 6, 40, 40, 40, 40, 1},  // one head of 40 features
-      {3, 5, 20, 6, 5, 4, 8, 2},     // more keys than a vector holds
-      {3, 33, 40, 8, 8, 8, 8, 2},    // several vectors of keys, d = 4
+      {3, 4, 9, 12, 12, 12, 12, 4},    // d = 3: no whole vector
+      {3, 6, 6, 40, 40, 40, 40, 1},    // one head of 40 features
+      {3, 5, 20, 6, 5, 4, 8, 2},       // more keys than a vector holds
+      {3, 33, 40, 8, 8, 8, 8, 2},      // several vectors of keys, d = 4
   };
   for (const auto& tol : {d2l::testing::kFastPathDtypes[0], d2l::testing::kFastPathDtypes[1]}) {
     for (const auto& s : shapes) {
@@ -152,10 +152,9 @@ TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
           const auto g_weights = torch::randn({s.batch * s.heads, s.n, s.m}, tol.dtype);
           for (const auto& c : mask_cases(s)) {
             for (const bool on_weights : {false, true}) {
-              const auto what =
-                  fmt::format("{} n={} m={} heads={} bias={} self={} mask={} weights loss={}",
-                              c10::toString(tol.dtype), s.n, s.m, s.heads, bias, self, c.name,
-                              on_weights);
+              const auto what = fmt::format(
+                  "{} n={} m={} heads={} bias={} self={} mask={} weights loss={}",
+                  c10::toString(tol.dtype), s.n, s.m, s.heads, bias, self, c.name, on_weights);
               const auto gw = on_weights ? g_weights : torch::Tensor();
               const auto got = outputs_and_grads(fused, in, c.mask, g_out, gw);
               const auto want = outputs_and_grads(composite, in, c.mask, g_out, gw);
@@ -213,8 +212,8 @@ TEST(SmallHeadsNode, LargerHeadsGeneralMasksAndOtherTypesTakeOtherPaths) {
   EXPECT_TRUE(small_heads_node(narrow(x, x, x, torch::Tensor())));
   auto holes = torch::zeros({2, 24}, torch::kBool);
   holes.index_put_({0, 0}, true);
-  EXPECT_FALSE(small_heads_node(
-      narrow->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));
+  EXPECT_FALSE(
+      small_heads_node(narrow->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));
   d2l::MultiHeadAttention composite(
       d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).backend(AttentionBackend::kComposite));
   EXPECT_FALSE(small_heads_node(composite(x, x, x, torch::Tensor())));
@@ -240,7 +239,8 @@ TEST(SmallHeadsNode, DropoutDrawsTheCompositePathsRandomStream) {
       const auto got = outputs_and_grads(fused, in, mask, g_out, torch::Tensor());
       torch::manual_seed(6);
       const auto want = outputs_and_grads(composite, in, mask, g_out, torch::Tensor());
-      d2l::testing::expect_close(got, want, tol, fmt::format("p={} {}", p, c10::toString(tol.dtype)));
+      d2l::testing::expect_close(got, want, tol,
+                                 fmt::format("p={} {}", p, c10::toString(tol.dtype)));
       // Dropout changes the output: the multipliers were used.
       torch::manual_seed(6);
       fused->eval();
@@ -303,10 +303,8 @@ TEST(SmallHeadsNode, PaddingNeverLeaks) {
   EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
   EXPECT_TRUE(torch::isfinite(attention->W_q->weight.grad()).all().item<bool>());
   EXPECT_TRUE(torch::isfinite(attention->W_o->weight.grad()).all().item<bool>());
-  EXPECT_TRUE(torch::equal(k.grad().index({0, torch::indexing::Slice(3)}),
-                           torch::zeros({2, 4})));
-  EXPECT_TRUE(torch::equal(v.grad().index({1, torch::indexing::Slice(1)}),
-                           torch::zeros({4, 4})));
+  EXPECT_TRUE(torch::equal(k.grad().index({0, torch::indexing::Slice(3)}), torch::zeros({2, 4})));
+  EXPECT_TRUE(torch::equal(v.grad().index({1, torch::indexing::Slice(1)}), torch::zeros({4, 4})));
   EXPECT_TRUE(torch::allclose(k.detach(), k_before, 0, 0, /*equal_nan=*/true));
   EXPECT_TRUE(torch::allclose(v.detach(), v_before, 0, 0, /*equal_nan=*/true));
 }

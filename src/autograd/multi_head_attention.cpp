@@ -140,11 +140,11 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
     const auto needs = [&](size_t i) { return ctx->needs_input_grad(i); };
     if (torch::GradMode::is_enabled()) return double_backward(ctx, saved, dout, dweights, self);
 
-    const auto &queries = saved[kQ];
+    const auto& queries = saved[kQ];
     const auto w = weights_of(saved);
     const auto &lens = saved[kLens], &q = saved[kInputs], &k = saved[kInputs + 1],
-               &v = saved[kInputs + 2], &joined = saved[kInputs + 3],
-               &noise = saved[kInputs + 4], &weights = saved[kInputs + 5];
+               &v = saved[kInputs + 2], &joined = saved[kInputs + 3], &noise = saved[kInputs + 4],
+               &weights = saved[kInputs + 5];
     const int64_t batch = queries.size(0), n = queries.size(1), h = w.W_o.size(0);
     const auto dout2 = dout.defined() ? dout.reshape({batch * n, h}).contiguous()
                                       : torch::zeros({batch * n, h}, q.options());
@@ -154,8 +154,8 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
     cpu::multi_head_attention_kernels().backward(
         q, k, v, lens, noise, heads, head_scale(h, heads), weights, djoined,
-        dweights.defined() ? as_dtype(dweights, q.scalar_type()).contiguous() : torch::Tensor(),
-        dq, dk, dv);
+        dweights.defined() ? as_dtype(dweights, q.scalar_type()).contiguous() : torch::Tensor(), dq,
+        dk, dv);
     // Each projection: dW = dPᵀ x, db = Σ dP, dx = dP W.
     const struct {
       Input x, W, b;
@@ -192,9 +192,9 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
     }
     tensor_list result(kArguments);
     if (inputs.empty()) return result;
-    auto [out, weights] = composite(saved[kQ], saved[kK], saved[kV], weights_of(saved),
-                                    saved[kLens], saved[kInputs + 4],
-                                    ctx->saved_data["heads"].toInt());
+    auto [out, weights] =
+        composite(saved[kQ], saved[kK], saved[kV], weights_of(saved), saved[kLens],
+                  saved[kInputs + 4], ctx->saved_data["heads"].toInt());
     std::vector<torch::Tensor> outputs, grad_outputs;
     if (dout.defined()) {
       outputs.push_back(out);
@@ -222,8 +222,7 @@ std::tuple<torch::Tensor, torch::Tensor> fused_multi_head_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const MultiHeadWeights& weights, const torch::Tensor& lens, int64_t heads, double dropout,
     bool training, bool need_weights) {
-  TORCH_INTERNAL_ASSERT(queries.device().is_cpu(), "the small-head kernels got ",
-                        queries.device());
+  TORCH_INTERNAL_ASSERT(queries.device().is_cpu(), "the small-head kernels got ", queries.device());
   const auto& w = weights;
   const MultiHeadWeights given{w.W_q,
                                w.W_k,
@@ -235,8 +234,8 @@ std::tuple<torch::Tensor, torch::Tensor> fused_multi_head_attention(
                                or_empty(w.b_o, w.W_q)};
   const auto lengths = lengths_arg(lens);
   bool grad = false;
-  for (const auto* t : {&queries, &keys, &values, &w.W_q, &w.W_k, &w.W_v, &w.W_o, &w.b_q, &w.b_k,
-                        &w.b_v, &w.b_o}) {
+  for (const auto* t :
+       {&queries, &keys, &values, &w.W_q, &w.W_k, &w.W_v, &w.W_o, &w.b_q, &w.b_k, &w.b_v, &w.b_o}) {
     grad = grad || (t->defined() && t->requires_grad());
   }
   if (torch::GradMode::is_enabled() && grad) {

@@ -80,6 +80,24 @@ struct HeadLengths {
   }
 };
 
+// What both passes read: the sizes, the lengths, and q, k, v and the
+// dropout's multipliers (nullptr: none).
+template <typename T>
+struct HeadInputs {
+  HeadDims s;
+  HeadLengths L;
+  const T *q, *k, *v, *noise;
+
+  HeadInputs(const at::TensorBase& q_, const at::TensorBase& k_, const at::TensorBase& v_,
+             const at::TensorBase& lens, const at::TensorBase& noise_, int64_t heads)
+      : s(head_dims(q_, k_, heads)),
+        L(lens, s),
+        q(q_.data_ptr<T>()),
+        k(k_.data_ptr<T>()),
+        v(v_.data_ptr<T>()),
+        noise(noise_.numel() > 0 ? noise_.data_ptr<T>() : nullptr) {}
+};
+
 template <typename T>
 Vectorized<T> load_some(const T* p, int64_t r) {
   return r == Vectorized<T>::size() ? Vectorized<T>::loadu(p) : partial_load(p, r);
@@ -135,14 +153,14 @@ Vectorized<T> row_times_transposed(const T* row, const T* t, int64_t d, int64_t 
                                    int64_t j0 = 0) {
   using V = Vectorized<T>;
   V acc(T(0));
-  for (int64_t f = 0; f < d; ++f) acc = at::vec::fmadd(V(row[f]), V::loadu(t + f * width + j0), acc);
+  for (int64_t f = 0; f < d; ++f)
+    acc = at::vec::fmadd(V(row[f]), V::loadu(t + f * width + j0), acc);
   return acc;
 }
 
 // out[0:len] (and up to the end of its last vector) = row · t.
 template <typename T>
-void row_times_transposed(const T* row, const T* t, int64_t d, int64_t width, int64_t len,
-                          T* out) {
+void row_times_transposed(const T* row, const T* t, int64_t d, int64_t width, int64_t len, T* out) {
   for (int64_t j0 = 0; j0 < len; j0 += Vectorized<T>::size()) {
     row_times_transposed(row, t, d, width, j0).store(out + j0);
   }
@@ -174,8 +192,8 @@ void softmax_vector(const Vectorized<T>& scores, T* y, int64_t len, int64_t m, T
 // softmax_backward_row for one vector: dx = scale · y ∘ (dy - <dy, y>) over
 // the first len lanes, 0 after them; dy's other lanes never count.
 template <typename T>
-Vectorized<T> softmax_backward_vector(const Vectorized<T>& y, const Vectorized<T>& dy,
-                                      int64_t len, T scale) {
+Vectorized<T> softmax_backward_vector(const Vectorized<T>& y, const Vectorized<T>& dy, int64_t len,
+                                      T scale) {
   using V = Vectorized<T>;
   const V dot(horizontal_sum(set_first(V(0), y * dy, len)));
   return set_first(V(0), V(scale) * y * (dy - dot), len);
@@ -202,12 +220,10 @@ template <typename T>
 void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
                    double scale, const at::TensorBase& weights, const at::TensorBase& out) {
-  const HeadDims s = head_dims(q, k, heads);
-  const HeadLengths L(lens, s);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  const T* np = noise.numel() > 0 ? noise.data_ptr<T>() : nullptr;
+  const HeadInputs<T> in(q, k, v, lens, noise, heads);
+  const HeadDims& s = in.s;
+  const HeadLengths& L = in.L;
+  const T *qp = in.q, *kp = in.k, *vp = in.v, *np = in.noise;
   T* wp = weights.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const T sc = static_cast<T>(scale);
@@ -249,12 +265,10 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
                     double scale, const at::TensorBase& weights, const at::TensorBase& dout,
                     const at::TensorBase& dweights, const at::TensorBase& dq,
                     const at::TensorBase& dk, const at::TensorBase& dv) {
-  const HeadDims s = head_dims(q, k, heads);
-  const HeadLengths L(lens, s);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
-  const T* np = noise.numel() > 0 ? noise.data_ptr<T>() : nullptr;
+  const HeadInputs<T> in(q, k, v, lens, noise, heads);
+  const HeadDims& s = in.s;
+  const HeadLengths& L = in.L;
+  const T *qp = in.q, *kp = in.k, *vp = in.v, *np = in.noise;
   const T* wp = weights.data_ptr<T>();
   const T* gp = dout.data_ptr<T>();
   const T* dwp = dweights.defined() && dweights.numel() > 0 ? dweights.data_ptr<T>() : nullptr;
@@ -343,8 +357,8 @@ void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorB
 }
 
 void backward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
-              const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
-              double scale, const at::TensorBase& weights, const at::TensorBase& dout,
+              const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads, double scale,
+              const at::TensorBase& weights, const at::TensorBase& dout,
               const at::TensorBase& dweights, const at::TensorBase& dq, const at::TensorBase& dk,
               const at::TensorBase& dv) {
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::multi_head_attention_backward", [&] {
