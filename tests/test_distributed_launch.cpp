@@ -68,6 +68,10 @@ TEST(DistributedLaunch, LaunchOptionsFromFlags) {
               HasSubstr("the port of master must be in [1, 65535], got 70000"));
   EXPECT_THAT(fails({"--dist-timeout", "0"}), HasSubstr("--dist-timeout must be a positive"));
   EXPECT_THAT(fails({"--spawn", "0"}), HasSubstr("--spawn must be positive, got 0"));
+  EXPECT_THAT(fails({"--tcp-store", "bogus"}),
+              HasSubstr("--tcp-store takes auto, libuv, classic, got \"bogus\""));
+  EXPECT_THAT(fails({"--backend", "mpi"}),
+              HasSubstr("--backend takes auto, gloo, nccl, got \"mpi\""));
 
   // --spawn and --tcp-store, and the defaults of what is not given.
   std::vector<std::string> more{"--spawn", "3", "--tcp-store", "classic", "--backend", "gloo"};

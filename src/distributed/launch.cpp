@@ -60,6 +60,24 @@ LaunchOptions LaunchOptions::from_environment() {
   return options;
 }
 
+namespace {
+
+// `value` if it is one of `allowed`, else a c10::Error naming the flag, the
+// value and the choices.
+const std::string& one_of(const char* flag, const std::string& value,
+                          std::initializer_list<const char*> allowed) {
+  std::string choices;
+  for (const char* choice : allowed) {
+    if (value == choice) return value;
+    choices += (choices.empty() ? "" : ", ") + std::string(choice);
+  }
+  TORCH_CHECK(false, fmt::format("d2l::distributed::LaunchOptions: {} takes {}, got \"{}\"", flag,
+                                 choices, value));
+  return value;
+}
+
+}  // namespace
+
 LaunchOptions LaunchOptions::parse(std::vector<std::string>& args) {
   LaunchOptions options = from_environment();
   std::vector<std::string> rest;
@@ -93,9 +111,9 @@ LaunchOptions LaunchOptions::parse(std::vector<std::string>& args) {
                               value));
       options.timeout(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
     } else if (flag == "--backend") {
-      options.backend(value);
+      options.backend(one_of("--backend", value, {"auto", "gloo", "nccl"}));
     } else if (flag == "--tcp-store") {
-      options.tcp_store(value);
+      options.tcp_store(one_of("--tcp-store", value, {"auto", "libuv", "classic"}));
     } else {
       options.spawn(parse_integer("--spawn", value));
       TORCH_CHECK(options.spawn() > 0,
