@@ -103,6 +103,9 @@ MultiHeadPlan plan_multi_head_attention(
   check_strided_layout(fn, "W_q", o.W_q());
   check_floating(fn, "W_q", o.W_q(), 2);
   const int64_t h = o.W_q().size(0);
+  TORCH_CHECK(h > 0, fmt::format("{}: the projections must have at least one output feature (the "
+                                 "rows of W_q, num_hiddens), got W_q {}",
+                                 fn, shape_of(o.W_q())));
   TORCH_CHECK(h % heads == 0,
               fmt::format("{}: num_hiddens (the rows of W_q) must be divisible by num_heads, got "
                           "W_q {} and num_heads={}",

@@ -142,6 +142,11 @@ TEST(ReliabilityArguments, MultiHeadAttention) {
                    [&] { run(Options(2, Wq, Wk, Wv, Wo).dropout(std::nan(""))); }});
   cases.push_back(
       {f, "num_heads must be positive, got 0", [&] { run(Options(0, Wq, Wk, Wv, Wo)); }});
+  cases.push_back({f, "the projections must have at least one output feature (the rows of W_q, num_hiddens), got W_q [0, 6]",
+                   [&] {
+                     run(Options(2, torch::randn({0, 6}), torch::randn({0, 5}),
+                                 torch::randn({0, 7}), torch::randn({0, 0})));
+                   }});
   add_layout_cases(cases, "d2l::transpose_qkv", "X", q,
                    [](const torch::Tensor& t) { d2l::transpose_qkv(t, 2); });
   expect_all_rejected(cases);
