@@ -3,9 +3,12 @@
 #
 #   make demo     the library, d2l::viz and the demo program, then the demo
 #   make test     the release suite on one LibTorch (TORCH, below)
-#   make check    what CI runs: make test, the LibTorch 2.x leg, ASan+UBSan,
-#                 TSan, a bounded fuzz run and the Debian 13 leg
+#   make check    what CI runs: make test and the Debian 12 package, ASan+UBSan
+#                 on LibTorch 2.x, TSan, a bounded fuzz run, and the Debian 13
+#                 leg with its package
 #   make test-debian13  make test in a Debian 13 root (its LibTorch 2.6)
+#   make package  Debian packages of this build (CPack): BUILD_DIR/packages/
+#   make dist     the source tarball of HEAD (git archive): dist/
 #
 # TORCH picks the LibTorch:
 #   debian        Debian's libtorch-dev (1.13 on Debian 12), the default
@@ -46,8 +49,8 @@ FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
 # What `make check` needs free to start: it left 7.5 GiB in a fresh clone
 # (4.6 of them .venv/), and pip's download cache takes about 3 more; the
-# Debian 13 root and its build tree 3.2 more.
-CHECK_DISK_GIB ?= 14
+# Debian 13 root and its build tree 3.2 more, the Debian 12 root about 2.
+CHECK_DISK_GIB ?= 16
 
 # A LibTorch named on the CMake side (CMAKE_ARGS or the environment) counts
 # as TORCH=<prefix>: two LibTorch installations on one machine are how
@@ -76,7 +79,8 @@ endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         multi-head python-weights python-transformer \
-        fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 test-torch2 test-asan test-asan-torch2 \
+        fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 \
+        package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
@@ -252,29 +256,77 @@ test: configure
 	@$(PYTHON) tests/gtest_summary.py $(BUILD_DIR)/gtest-reports
 
 # Everything CI checks, one suite after the other, then one line adding up
-# their ctest summaries:
-#   build:       the release suite on Debian's LibTorch 1.13 (make test);
-#   build-torch2: the same on PyPI's torch $(TORCH2_VERSION) (CUDA build; CUDA
-#                tests skip without a GPU);
+# their ctest summaries. Each LibTorch once, where it finds the most:
+#   build:       the release suite on Debian's LibTorch 1.13 (make test), then
+#                its Debian packages installed, used and removed in a clean
+#                Debian 12 root (make test-package-debian12);
 #   build-asan-torch2: the suite under AddressSanitizer + UBSan (clang 14) on
-#                the wheel (the 1.13 side runs ASan + UBSan in the fuzz leg);
+#                PyPI's torch $(TORCH2_VERSION) (a CUDA build: it also compiles
+#                the CUDA paths; CUDA tests skip without a GPU);
 #   build-tsan:  the concurrency and kernel-thread tests under ThreadSanitizer;
 #   build-fuzz:  fuzz_attention for CI_FUZZ_SECONDS from the committed corpus
-#                (ASan + UBSan, 1.13);
+#                (ASan + UBSan, 1.13, the static library);
 #   build-debian13: the release suite on Debian 13's own LibTorch 2.6, in a
-#                Debian 13 root (make test-debian13).
-CHECK_LOGS := build/ctest.log $(BUILD2_DIR)/ctest.log build-asan-torch2/ctest.log \
+#                Debian 13 root, and its packages installed there
+#                (make test-debian13 test-package-debian13).
+# The wheel's release suite (make test TORCH=wheel) is not in it: its
+# GoogleTest cases are those of the ASan leg, which runs them all but two
+# timing-sensitive ones (docs/building.md, "What CI runs").
+CHECK_LOGS := build/ctest.log build-asan-torch2/ctest.log \
               build-tsan/ctest.log build-fuzz/ctest.log build-debian13/ctest.log
 check: check-disk
-	$(MAKE) test TORCH=debian BUILD_DIR=build
-	$(MAKE) test TORCH=wheel BUILD_DIR=$(BUILD2_DIR)
-	$(MAKE) test-asan-torch2
-	$(MAKE) test-tsan
-	$(MAKE) test-fuzz
-	$(MAKE) test-debian13
+	@t0=$$(date +%s); $(MAKE) test TORCH=debian BUILD_DIR=build && \
+	t1=$$(date +%s) && $(MAKE) test-package-debian12 && \
+	t2=$$(date +%s) && $(MAKE) test-asan-torch2 && \
+	t3=$$(date +%s) && $(MAKE) test-tsan && \
+	t4=$$(date +%s) && $(MAKE) test-fuzz && \
+	t5=$$(date +%s) && $(MAKE) test-debian13 && \
+	t6=$$(date +%s) && $(MAKE) test-package-debian13 && \
+	t7=$$(date +%s) && \
+	echo "make check: 1.13 $$((t1 - t0)) s, Debian 12 package $$((t2 - t1)) s, ASan 2.x $$((t3 - t2)) s," \
+	  "TSan $$((t4 - t3)) s, fuzz $$((t5 - t4)) s, Debian 13 $$((t6 - t5)) s, Debian 13 package $$((t7 - t6)) s," \
+	  "in all $$((t7 - t0)) s"
 	$(call ctest_summary,$(CHECK_LOGS))
-	@$(PYTHON) tests/gtest_summary.py build/gtest-reports $(BUILD2_DIR)/gtest-reports \
+	@$(PYTHON) tests/gtest_summary.py build/gtest-reports \
 	  build-asan-torch2/gtest-reports build-tsan/gtest-reports build-debian13/gtest-reports
+
+# Debian packages of BUILD_DIR's build (cmake/D2LPackaging.cmake): the
+# runtime library and the development files, in $(BUILD_DIR)/packages/.
+# CPack's DEB generator needs dpkg-deb and dpkg-shlibdeps (dpkg-dev).
+deps-package:
+	$(call install_missing,dpkg-dev)
+
+package: deps-package configure
+	@command -v dpkg-deb > /dev/null && command -v dpkg-shlibdeps > /dev/null || { \
+	  echo "make package: needs dpkg-deb and dpkg-shlibdeps (Debian's dpkg-dev); install them, or install with cmake --install $(BUILD_DIR) (docs/building.md)" >&2; exit 1; }
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+	rm -rf $(BUILD_DIR)/packages
+	cd $(BUILD_DIR) && cpack -G DEB
+	@for f in $(BUILD_DIR)/packages/*.deb; do \
+	  echo "$$f: $$(dpkg-deb -f $$f Package) $$(dpkg-deb -f $$f Version), depends: $$(dpkg-deb -f $$f Depends)"; \
+	done
+
+# The packages installed, used through find_package and pkg-config, and
+# removed, in a clean Debian root (tests/debian_package.sh): Debian 12's
+# (DEBIAN12_ROOT, built by debootstrap and kept) with make package's 1.13
+# build, and the Debian 13 root with its own.
+DEBIAN12_ROOT ?= .debian12
+test-package-debian12:
+	$(MAKE) package TORCH=debian BUILD_DIR=build
+	JOBS=$(JOBS) tests/debian_package.sh bookworm $(DEBIAN12_ROOT) build/packages
+test-package-debian13:
+	JOBS=$(JOBS) tests/debian_package.sh trixie $(DEBIAN13_ROOT) build-debian13/packages
+
+# The source tarball of HEAD (committed work only), with its SHA-256, as the
+# FetchContent example takes it (docs/building.md, "Cutting a release").
+VERSION := $(shell awk '/^project.d2l_attention VERSION/ { print $$3 }' CMakeLists.txt)
+dist:
+	@git rev-parse --git-dir > /dev/null 2>&1 || { \
+	  echo "make dist: $(CURDIR) is not a git checkout (a release tarball has no .git); run it in a clone of the repository" >&2; exit 1; }
+	@git diff --quiet HEAD || echo "make dist: uncommitted changes are not in the tarball (it is HEAD, $$(git rev-parse --short HEAD))"
+	mkdir -p dist
+	git archive --format=tar.gz --prefix=d2l_attention-$(VERSION)/ -o dist/d2l_attention-$(VERSION).tar.gz HEAD
+	cd dist && sha256sum d2l_attention-$(VERSION).tar.gz | tee d2l_attention-$(VERSION).tar.gz.sha256
 
 # Refuse before any compiler runs when the build trees cannot fit.
 check-disk:
@@ -433,4 +485,4 @@ fixtures: deps-python
 
 clean:
 	rm -rf $(sort $(BUILD_DIR) build $(BUILD2_DIR)) build-asan-torch2 build-asan build-tsan build-fuzz \
-	  build-debian13
+	  build-debian13 dist
