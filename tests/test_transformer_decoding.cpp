@@ -127,7 +127,13 @@ TEST(TransformerDecoding, AStateFromTheCallerIsTakenAsItsKeyValues) {
     copied.key_values[i] = state.key_values[i].clone();
   }
   const auto next = torch::randint(kVocab, {3, 1}, torch::kLong);
-  EXPECT_TRUE(torch::equal(d.run(copied, next), d.run(state, next)));
+  // The copied state projects its two steps in one product, the original one
+  // step at a time: BLAS may round these otherwise (OpenBLAS on Zen 4 does).
+  const auto from_copy = d.run(copied, next);
+  EXPECT_LT(d2l::testing::max_rel_error(from_copy, d.run(state, next)), 1e-5);
+  // A state without those key_values attends over less, and differs.
+  auto fresh = d.init();
+  EXPECT_GT(d2l::testing::max_rel_error(from_copy, d.run(fresh, next)), 1e-3);
 }
 
 TEST(TransformerErrors, ArgumentsNameWhatIsWrong) {
