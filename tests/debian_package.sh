@@ -9,7 +9,7 @@
 #
 # In the root: `apt-get install ./<file>.deb` (which brings libtorch-dev and
 # the rest from Debian's archive); the CMake consumer (tests/package, through
-# find_package only, with and without COMPONENTS) built and run; a component
+# find_package only, with COMPONENTS) built by g++ and by clang++ and run; a component
 # this build lacks refused with one line; the pkg-config consumer
 # (tests/package/pkgconfig_consumer.cpp) built with nothing but pkg-config's
 # flags and run; then `apt-get purge`, and no file of the packages, nor any
@@ -50,7 +50,7 @@ t1=$(date +%s)
 
 debian_say "installing ${names[*]} into the Debian $suite root $root"
 run apt-get update -q
-run apt-get install -y -q --no-install-recommends "${files[@]/#$debs/$inside}" cmake make g++ pkg-config
+run apt-get install -y -q --no-install-recommends "${files[@]/#$debs/$inside}" cmake make g++ clang pkg-config
 run dpkg-query -W "${names[@]}"
 # What the packages installed, to check after the purge.
 installed=$(run dpkg -L "${names[@]}" | sort -u)
@@ -64,6 +64,12 @@ run cmake -S /src/tests/package -B "$work/cmake" -DCMAKE_BUILD_TYPE=Release \
 run cmake --build "$work/cmake" -j "${JOBS:-$(nproc)}"
 run "$work/cmake/consumer"
 run "$work/cmake/train_only" /src/tests/data/fra-eng-sample
+# clang, with the same installed files (Debian's LibTorch gets no -lstdc++
+# from us: the link line is LibTorch's own).
+debian_say "the CMake consumer built by clang++"
+run cmake -S /src/tests/package -B "$work/clang" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++
+run cmake --build "$work/clang" -j "${JOBS:-$(nproc)}" --target consumer
+run "$work/clang/consumer"
 # A component this build lacks (no CUDA LibTorch here: nccl) is one line.
 if out=$(run cmake -S /src/tests/package -B "$work/missing" -DD2L_CONSUMER_COMPONENTS=nccl 2>&1 |
          tr -s ' \n' ' '; exit "${PIPESTATUS[0]}"); then

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Times the front door from a fresh clone and writes the figures down.
+
+    python3 benchmarks/front_door.py [--check] [--write]
+
+Clones this checkout's HEAD into a temporary folder, then times, one after
+the other in that clone: `make demo`, `make test` (after the demo: the
+library is built) and, with --check, `make check` (after both). Prints a
+markdown block with the machine, the date, the commit and the commands; with
+--write puts it into README.md between the front-door markers, and appends it
+to docs/timings.md. Run it on an idle machine: nothing else should be
+building beside it. Standard library only.
+"""
+import argparse
+import datetime
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BEGIN = "<!-- front-door: written by benchmarks/front_door.py -->"
+END = "<!-- /front-door -->"
+
+
+def machine():
+    """'<CPU model>, <n> vCPUs, <memory> GiB', from /proc."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gib = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                gib = round(int(line.split()[1]) / 2**20)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} vCPUs, {gib} GiB"
+
+
+def minutes(seconds):
+    return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
+
+
+def timed(cmd, cwd, log):
+    """Runs cmd in cwd, its output to log; returns (seconds, exit code)."""
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        rc = subprocess.call(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, shell=True)
+    return time.monotonic() - t0, rc
+
+
+def block(rows, commit, when):
+    lines = [BEGIN, "",
+             f"Measured from a fresh clone (`git clone`, then each command in turn) on {machine()}, "
+             f"{when}, commit `{commit}`, by `python3 benchmarks/front_door.py"
+             f"{' --check' if len(rows) > 2 else ''}`:", "",
+             "| command | wall time | exit |", "| --- | --- | --- |"]
+    for cmd, seconds, rc, note in rows:
+        lines.append(f"| `{cmd}`{note} | {minutes(seconds)} | {rc} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="time make check as well")
+    parser.add_argument("--write", action="store_true", help="update README.md and docs/timings.md")
+    parser.add_argument("--keep", action="store_true", help="keep the clone")
+    args = parser.parse_args()
+
+    commit = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                     text=True).strip()
+    when = datetime.date.today().isoformat()
+    work = pathlib.Path(tempfile.mkdtemp(prefix="d2l-front-door-"))
+    clone = work / "clone"
+    subprocess.check_call(["git", "clone", "-q", str(ROOT), str(clone)])
+    rows = []
+    steps = [("make demo", ""), ("make test", " (after the demo)")]
+    if args.check:
+        steps.append(("make check", " (after both)"))
+    for cmd, note in steps:
+        log = work / (cmd.replace(" ", "-") + ".log")
+        seconds, rc = timed(cmd, clone, log)
+        print(f"{cmd}: {minutes(seconds)}, exit {rc} (log: {log})", flush=True)
+        rows.append((cmd, seconds, rc, note))
+        if rc != 0:
+            break
+    text = block(rows, commit, when)
+    print(text)
+    if args.write:
+        readme = ROOT / "README.md"
+        body = readme.read_text()
+        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+        if not pattern.search(body):
+            sys.exit("README.md has no front-door markers")
+        readme.write_text(pattern.sub(lambda _: text, body))
+        timings = ROOT / "docs" / "timings.md"
+        with open(timings, "a") as out:
+            out.write("\n" + text.replace(BEGIN, "").replace(END, "").strip() + "\n")
+    # Never delete a folder with a Debian root still mounted in it (its /dev
+    # is the machine's).
+    mounted = any(line.split()[1].startswith(str(work) + "/") for line in open("/proc/mounts"))
+    if not args.keep and not mounted and all(rc == 0 for _, _, rc, _ in rows):
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(rc == 0 for _, _, rc, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
