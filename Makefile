@@ -292,13 +292,14 @@ check: check-disk
 
 # Debian packages of BUILD_DIR's build (cmake/D2LPackaging.cmake): the
 # runtime library and the development files, in $(BUILD_DIR)/packages/.
-# CPack's DEB generator needs dpkg-deb and dpkg-shlibdeps (dpkg-dev).
+# CPack's DEB generator needs dpkg-deb and dpkg-shlibdeps (dpkg-dev), and
+# file(1) to find the libraries whose dependencies dpkg-shlibdeps reads.
 deps-package:
-	$(call install_missing,dpkg-dev)
+	$(call install_missing,dpkg-dev file)
 
 package: deps-package configure
-	@command -v dpkg-deb > /dev/null && command -v dpkg-shlibdeps > /dev/null || { \
-	  echo "make package: needs dpkg-deb and dpkg-shlibdeps (Debian's dpkg-dev); install them, or install with cmake --install $(BUILD_DIR) (docs/building.md)" >&2; exit 1; }
+	@command -v dpkg-deb > /dev/null && command -v dpkg-shlibdeps > /dev/null && command -v file > /dev/null || { \
+	  echo "make package: needs dpkg-deb, dpkg-shlibdeps (Debian's dpkg-dev) and file; install them, or install with cmake --install $(BUILD_DIR) (docs/building.md)" >&2; exit 1; }
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 	rm -rf $(BUILD_DIR)/packages
 	cd $(BUILD_DIR) && cpack -G DEB
