@@ -66,8 +66,10 @@ void check_masks(const char* fn, const Masks& masks, const torch::Tensor& querie
   const auto& am = masks.attn_mask;
   if (am.defined()) {
     const bool rows_ok = (am.dim() == 2 || am.dim() == 3) && am.size(-2) == n && am.size(-1) == m;
+    // dim() first: size(0) of a 0-dim mask would be ATen's error, not ours.
     const bool batch_ok =
-        am.dim() == 2 || am.size(0) == batch || (heads > 1 && am.size(0) == batch * heads);
+        am.dim() == 2 ||
+        (am.dim() == 3 && (am.size(0) == batch || (heads > 1 && am.size(0) == batch * heads)));
     const auto shapes =
         heads > 1 ? fmt::format("[{}, {}], [{}, {}, {}] or [{}, {}, {}] (batch * num_heads={})", n,
                                 m, batch, n, m, batch * heads, n, m, heads)

@@ -263,6 +263,14 @@ TEST(AttentionMasks, BadMasksNameTheArgumentAndShapes) {
   EXPECT_THAT(msg, HasSubstr("got Bool [5, 3]"));
   msg = call(F::DotProductAttentionFuncOptions().attn_mask(torch::zeros({4, 3, 5}, torch::kBool)));
   EXPECT_THAT(msg, HasSubstr("got Bool [4, 3, 5]"));
+  // 0-dim masks: our message, not ATen's "Dimension specified as 0".
+  msg = call(F::DotProductAttentionFuncOptions().attn_mask(torch::tensor(true)));
+  EXPECT_THAT(msg, HasSubstr("attn_mask must be a torch::kBool tensor of shape [3, 5] or "
+                             "[2, 3, 5]"));
+  EXPECT_THAT(msg, HasSubstr("got Bool []"));
+  msg = call(F::DotProductAttentionFuncOptions().key_padding_mask(torch::tensor(true)));
+  EXPECT_THAT(msg, HasSubstr("key_padding_mask must be a torch::kBool tensor of shape [2, 5]"));
+  EXPECT_THAT(msg, HasSubstr("got Bool []"));
   msg = call(F::DotProductAttentionFuncOptions().key_padding_mask(
       d2l::testing::sparse(torch::zeros({2, 5}))));
   EXPECT_THAT(msg, HasSubstr("d2l::dot_product_attention"));

@@ -165,6 +165,14 @@ TEST(MultiHeadAttentionMasks, BadMasksNameTheModuleArgumentAndShapes) {
   EXPECT_THAT(msg, HasSubstr("d2l::MultiHeadAttention: attn_mask must be a torch::kBool tensor of "
                              "shape [5, 6], [3, 5, 6] or [12, 5, 6] (batch * num_heads=4)"));
   EXPECT_THAT(msg, HasSubstr("got Bool [6, 5, 6]"));
+  // A 0-dim mask is ours to refuse, not ATen's "Dimension specified as 0".
+  for (const auto& mask : {AttentionMask().attn_mask(torch::tensor(true)),
+                           AttentionMask().key_padding_mask(torch::tensor(true))}) {
+    msg = error_message([&] { attention->forward_masked(q, kv, kv, mask); });
+    EXPECT_THAT(msg, HasSubstr("d2l::MultiHeadAttention: "));
+    EXPECT_THAT(msg, HasSubstr("must be a torch::kBool tensor of shape"));
+    EXPECT_THAT(msg, HasSubstr("got Bool []"));
+  }
   msg = error_message([&] {
     attention->forward_masked(q, kv, kv,
                               AttentionMask().key_padding_mask(torch::zeros({kB, kN}, torch::kBool)));
