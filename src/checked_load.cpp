@@ -11,7 +11,7 @@
 
 #include "checked_load.h"
 
-
+#include <d2l/multi_head_attention.h>
 #include <fmt/format.h>
 
 #include <torch/utils.h>
@@ -50,6 +50,22 @@ class ArchiveChecker {
   void check(const torch::nn::Module& module, torch::serialize::InputArchive& archive,
              const std::string& prefix) {
     std::set<std::string> expected;
+    // Multi-head attention's head count shapes no tensor: its save writes it
+    // (an archive without it, from before, is taken as it is).
+    if (const auto* mha = dynamic_cast<const MultiHeadAttentionImpl*>(&module)) {
+      c10::IValue heads;
+      if (archive.try_read(kNumHeadsKey, heads)) {
+        if (!heads.isInt()) {
+          fail(fmt::format("{}{}: the archive holds a {}, not a head count", prefix, kNumHeadsKey,
+                           heads.tagKind()));
+        }
+        if (heads.toInt() != mha->options.num_heads()) {
+          fail(fmt::format("{}{}: the archive was saved with {} heads, the module has {}", prefix,
+                           kNumHeadsKey, heads.toInt(), mha->options.num_heads()));
+        }
+      }
+      expected.insert(kNumHeadsKey);
+    }
     for (const auto& p : module.named_parameters(/*recurse=*/false)) {
       check_tensor(archive, prefix, p.key(), p.value(), "parameter");
       expected.insert(p.key());

@@ -288,4 +288,9 @@ void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
   detail::checked_load(*this, archive, "d2l::MultiHeadAttention::load");
 }
 
+void MultiHeadAttentionImpl::save(torch::serialize::OutputArchive& archive) const {
+  torch::nn::Module::save(archive);
+  archive.write(detail::kNumHeadsKey, c10::IValue(options.num_heads()));
+}
+
 }  // namespace d2l

@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,33 @@ TEST(SerializationErrors, MultiHeadAttentionOfAnotherWidth) {
               AllOf(HasSubstr("d2l::MultiHeadAttention::load: W_q.weight: the archive holds "
                               "Float [8, 3], the module expects Float [12, 3]"),
                     HasSubstr("num_hiddens=12"), HasSubstr("nothing was loaded")));
+}
+
+// The head count shapes no tensor: the archive records it, and another one
+// is refused, for the module alone and inside a Transformer block.
+TEST(SerializationErrors, MultiHeadAttentionWithAnotherHeadCount) {
+  d2l::MultiHeadAttention four(3, 3, 3, 8, 4, 0.0), two(3, 3, 3, 8, 2, 0.0);
+  EXPECT_THAT(refused(two, archive_bytes(four)),
+              AllOf(HasSubstr("d2l::MultiHeadAttention::load: num_heads: the archive was saved "
+                              "with 4 heads, the module has 2"),
+                    HasSubstr("nothing was loaded")));
+  d2l::MultiHeadAttention same(3, 3, 3, 8, 4, 0.0);
+  load_bytes(same, archive_bytes(four));
+  EXPECT_TRUE(identical(snapshot(*same), snapshot(*four)));
+
+  d2l::EncoderBlock block4(8, 8, 8, 8, {5, 8}, 8, 16, 4, 0.0), block2(8, 8, 8, 8, {5, 8}, 8, 16, 2, 0.0);
+  EXPECT_THAT(refused(block2, archive_bytes(block4)),
+              HasSubstr("attention.num_heads: the archive was saved with 4 heads, the module has 2"));
+
+  // An archive written without the count (by Module::save alone, as before
+  // 0.3) loads as it did.
+  torch::serialize::OutputArchive old_style;
+  four->torch::nn::Module::save(old_style);
+  std::ostringstream out;
+  old_style.save_to(out);
+  d2l::MultiHeadAttention any(3, 3, 3, 8, 2, 0.0);
+  load_bytes(any, out.str());
+  EXPECT_TRUE(torch::equal(any->W_q->weight, four->W_q->weight));
 }
 
 TEST(SerializationErrors, MultiHeadAttentionWithOtherBiases) {

@@ -146,7 +146,11 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   void pretty_print(std::ostream& stream) const override;
   /// Module::load, checked first: a tensor of another shape or dtype, or a
   /// missing or extra one, is a c10::Error and nothing is loaded.
+  /// An archive saved with another num_heads (which no tensor's shape shows)
+  /// is refused too.
   void load(torch::serialize::InputArchive& archive) override;
+  /// Module::save, and num_heads beside the tensors.
+  void save(torch::serialize::OutputArchive& archive) const override;
 
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
                         const torch::Tensor& values, const torch::Tensor& valid_lens = {});
