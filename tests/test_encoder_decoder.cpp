@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "seq2seq_models.h"
+#include "serialization_helpers.h"
 #include "test_utils.h"
 
 namespace {
@@ -120,6 +121,53 @@ TEST(EncoderDecoder, TakesAUserDefinedEncoderAndDecoder) {
   EXPECT_EQ(parameter_names(*both),
             (std::vector<std::string>{"encoder.embedding.weight", "decoder.embedding.weight",
                                       "decoder.dense.weight", "decoder.dense.bias"}));
+}
+
+// A user's encoder with running statistics (a BatchNorm1d's buffers) inside
+// EncoderDecoder: torch::save and torch::load carry the buffers, which no
+// gradient or parameter check would notice missing.
+struct NormEncoderImpl : torch::nn::Cloneable<NormEncoderImpl>, d2l::Encoder {
+  NormEncoderImpl(int64_t vocab_size, int64_t num_hiddens)
+      : vocab_size(vocab_size), num_hiddens(num_hiddens) {
+    reset();
+  }
+  void reset() override {
+    embedding = register_module("embedding", torch::nn::Embedding(vocab_size, num_hiddens));
+    norm = register_module("norm", torch::nn::BatchNorm1d(num_hiddens));
+  }
+  d2l::EncoderOutput forward(const torch::Tensor& X, const torch::Tensor& = {}) override {
+    const auto e = embedding(X);  // (B, num_steps, num_hiddens)
+    const auto normed = norm(e.reshape({-1, num_hiddens})).view(e.sizes());
+    return {normed.permute({1, 0, 2}), normed.mean(1).unsqueeze(0)};
+  }
+  int64_t vocab_size, num_hiddens;
+  torch::nn::Embedding embedding{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+TORCH_MODULE(NormEncoder);
+
+TEST(EncoderDecoder, TorchSaveAndLoadCarryAUserEncodersBuffers) {
+  torch::manual_seed(5);
+  d2l::EncoderDecoder trained(NormEncoder(kVocab, kHiddens), BagDecoder(kVocab, kHiddens));
+  const auto enc_X = torch::randint(0, kVocab, {4, 6}), dec_X = torch::randint(0, kVocab, {4, 3});
+  const auto lens = torch::tensor({6, 3, 5, 1});
+  for (int step = 0; step < 3; ++step) trained(enc_X * (step + 1) % kVocab, dec_X, lens);
+  const auto buffers = trained->named_buffers();
+  ASSERT_EQ(buffers.size(), 3u);  // running_mean, running_var, num_batches_tracked
+  EXPECT_EQ(buffers["encoder.norm.num_batches_tracked"].item<int64_t>(), 3);
+
+  d2l::EncoderDecoder loaded(NormEncoder(kVocab, kHiddens), BagDecoder(kVocab, kHiddens));
+  EXPECT_FALSE(torch::equal(loaded->named_buffers()["encoder.norm.running_mean"],
+                            buffers["encoder.norm.running_mean"]));
+  d2l::testing::load_bytes(loaded, d2l::testing::archive_bytes(trained));
+  for (const auto& b : buffers) {
+    EXPECT_TRUE(torch::equal(loaded->named_buffers()[b.key()], b.value())) << b.key();
+  }
+  trained->eval();
+  loaded->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(std::get<0>(loaded(enc_X, dec_X, lens)),
+                           std::get<0>(trained(enc_X, dec_X, lens))));
 }
 
 // The interfaces alone are not modules: an encoder must also be one.

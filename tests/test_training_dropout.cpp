@@ -1,10 +1,11 @@
-// Dot-product and multi-head attention in training, with dropout, on every
-// path that draws it (composite; fused softmax on the CPU at every
+// Additive, dot-product and multi-head attention in training, with dropout,
+// on every path that draws it (composite; fused softmax on the CPU at every
 // instruction set; SDPA on 2.1+). With identity values the output is
 // dropout(weights) itself: each entry is 0 or w / (1 - p) of the book's
 // weights, which gives the drawn mask back, and the gradients must be those
 // of the composite formula with that mask.
 
+#include <d2l/additive_attention.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/torch_version.h>
@@ -177,6 +178,66 @@ TEST_P(TrainingDropout, MultiHeadOutputIsEachHeadsScaledMaskedWeights) {
     for (auto dtype : {torch::kFloat, torch::kDouble}) {
       check_multi_head_dropout(path, dtype,
                                fmt::format("{} {}", d2l::to_string(path), c10::toString(dtype)));
+    }
+  }
+}
+
+// Additive attention of random q, k and identity values, in training: the
+// output is dropout(weights), whatever path runs (the fused kernels draw the
+// mask in their own node).
+void check_additive_dropout(AttentionBackend path, torch::Dtype dtype, const std::string& what) {
+  torch::manual_seed(47);
+  const int64_t B = 2, n = 4, m = 13, query_size = 5, key_size = 3, h = 7;
+  const auto W_q64 = torch::randn({h, query_size}, torch::kDouble);
+  const auto W_k64 = torch::randn({h, key_size}, torch::kDouble);
+  const auto w_v64 = torch::randn({1, h}, torch::kDouble);
+  const auto q64 = torch::randn({B, n, query_size}, torch::kDouble);
+  const auto k64 = torch::randn({B, m, key_size}, torch::kDouble);
+  const auto lens = torch::randint(1, m + 1, {B, n});
+  const auto G = torch::randn({B, n, m}, torch::kDouble);
+  auto q = q64.to(dtype).requires_grad_(), k = k64.to(dtype).requires_grad_();
+  auto W_q = W_q64.to(dtype).requires_grad_(), W_k = W_k64.to(dtype).requires_grad_();
+  auto w_v = w_v64.to(dtype).requires_grad_();
+  const auto v = torch::eye(m, dtype).expand({B, m, m}).contiguous();
+  const auto [out, weights] = d2l::functional::additive_attention(
+      q, k, v,
+      d2l::functional::AdditiveAttentionFuncOptions(W_q, W_k, w_v)
+          .valid_lens(lens)
+          .dropout(kTrainingDropoutP)
+          .training(true)
+          .backend(path));
+  (out * G.to(dtype)).sum().backward();
+
+  // The book's weights, in double, differentiable.
+  const auto qd = q.detach().to(torch::kDouble).requires_grad_();
+  const auto kd = k.detach().to(torch::kDouble).requires_grad_();
+  const auto Wqd = W_q.detach().to(torch::kDouble).requires_grad_();
+  const auto Wkd = W_k.detach().to(torch::kDouble).requires_grad_();
+  const auto wvd = w_v.detach().to(torch::kDouble).requires_grad_();
+  const auto features = torch::tanh(torch::matmul(qd, Wqd.t()).unsqueeze(2) +
+                                    torch::matmul(kd, Wkd.t()).unsqueeze(1));
+  const auto scores = torch::matmul(features, wvd.t()).squeeze(-1);  // (B, n, m)
+  const auto masked_out = torch::arange(m).view({1, 1, -1}) >= lens.unsqueeze(-1);
+  const auto w = torch::softmax(
+      scores.masked_fill(masked_out, -std::numeric_limits<double>::infinity()), -1);
+  EXPECT_LT(max_rel_error(weights, w), dropout_tolerance(dtype)) << what << ": weights";
+  const auto mask = read_back_dropout_mask(out, w, dropout_tolerance(dtype));
+  EXPECT_EQ(mask.problem, "") << what;
+  ((w * mask.kept / (1 - kTrainingDropoutP)) * G).sum().backward();
+  EXPECT_LT(max_rel_error(q.grad(), qd.grad()), dropout_tolerance(dtype)) << what << ": dQ";
+  EXPECT_LT(max_rel_error(k.grad(), kd.grad()), dropout_tolerance(dtype)) << what << ": dK";
+  EXPECT_LT(max_rel_error(W_q.grad(), Wqd.grad()), dropout_tolerance(dtype)) << what << ": dW_q";
+  EXPECT_LT(max_rel_error(W_k.grad(), Wkd.grad()), dropout_tolerance(dtype)) << what << ": dW_k";
+  EXPECT_LT(max_rel_error(w_v.grad(), wvd.grad()), dropout_tolerance(dtype)) << what << ": dw_v";
+}
+
+TEST_P(TrainingDropout, AdditiveOutputIsTheScaledMaskedWeightsAndGradientsFollow) {
+  for (auto path :
+       {AttentionBackend::kComposite, AttentionBackend::kFused, AttentionBackend::kAuto}) {
+    for (auto dtype : {torch::kFloat, torch::kDouble}) {
+      check_additive_dropout(path, dtype,
+                             fmt::format("additive {} {}", d2l::to_string(path),
+                                         c10::toString(dtype)));
     }
   }
 }
