@@ -32,13 +32,23 @@ END = "<!-- /front-door -->"
 def machine():
     """'<CPU model>, <n> vCPUs, <memory> GiB', from /proc."""
     model = platform.processor() or "unknown CPU"
+    family = number = None
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "model name":
+                model = value
+            elif key == "cpu family" and family is None:
+                family = value
+            elif key == "model" and number is None:
+                number = value
+            elif not key and family is not None:
                 break
     except OSError:
         pass
+    if family is not None and number is not None:
+        model += f" (family {family}, model {number})"
     gib = 0
     try:
         for line in open("/proc/meminfo"):
@@ -78,7 +88,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="time make check as well")
     parser.add_argument("--write", action="store_true", help="update README.md")
-    parser.add_argument("--keep", action="store_true", help="keep the clone")
+    parser.add_argument("--keep", action="store_true", help="keep the clones (the logs always stay)")
     args = parser.parse_args()
 
     commit = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -105,12 +115,15 @@ def main():
         if not pattern.search(body):
             sys.exit("README.md has no front-door markers")
         readme.write_text(pattern.sub(lambda _: text, body))
-    # Never delete a folder with a Debian root still mounted in it (its /dev
-    # is the machine's).
-    mounted = any(line.split()[1].startswith(str(work) + "/") for line in open("/proc/mounts"))
+    # The clones go (several GiB each), the logs stay. Never delete a folder
+    # with a Debian root still mounted in it (its /dev is the machine's).
     ok = all(rc == 0 for _, _, rc in rows)
-    if not args.keep and not mounted and ok:
-        shutil.rmtree(work, ignore_errors=True)
+    for cmd, _, _ in rows:
+        clone = work / cmd.replace(" ", "-")
+        mounted = any(line.split()[1].startswith(str(clone) + "/") for line in open("/proc/mounts"))
+        if not args.keep and not mounted and ok:
+            shutil.rmtree(clone, ignore_errors=True)
+    print(f"logs: {work}")
     return 0 if ok else 1
 
 
