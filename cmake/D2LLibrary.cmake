@@ -3,6 +3,15 @@
 # headers from include/ (build and install), private headers from its own
 # folder, fmt kept private, warnings, sanitizers (coverage for the fuzzers)
 # and the build tree's precompiled header.
+# Every 0.x minor version changes the API and ABI, so the SONAME carries it
+# (libd2l_attention.so.0.3); from 1.0 on, the major version alone. The
+# runtime package's name follows it (cmake/D2LPackaging.cmake).
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  set(D2L_SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
+else()
+  set(D2L_SOVERSION ${PROJECT_VERSION_MAJOR})
+endif()
+
 function(d2l_add_library target export_name)
   if(D2L_BUILD_SHARED)
     add_library(${target} SHARED ${ARGN})
@@ -10,15 +19,8 @@ function(d2l_add_library target export_name)
     add_library(${target} STATIC ${ARGN})
   endif()
   add_library(d2l::${export_name} ALIAS ${target})
-  # Every 0.x minor version changes the API and ABI, so the SONAME carries
-  # it (libd2l_attention.so.0.3); from 1.0 on, the major version alone.
-  if(PROJECT_VERSION_MAJOR EQUAL 0)
-    set(soversion ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
-  else()
-    set(soversion ${PROJECT_VERSION_MAJOR})
-  endif()
   set_target_properties(${target} PROPERTIES
-    VERSION ${PROJECT_VERSION} SOVERSION ${soversion}
+    VERSION ${PROJECT_VERSION} SOVERSION ${D2L_SOVERSION}
     POSITION_INDEPENDENT_CODE ON
     EXPORT_NAME ${export_name})
   target_include_directories(${target} PUBLIC

@@ -5,10 +5,6 @@
 # Runtime dependencies come from dpkg-shlibdeps (LibTorch's libtorchX.Y and
 # the rest, by package name); the dev package depends on the runtime one and
 # on libtorch-dev of the same minor version. Installed under /usr.
-set(D2L_SOVERSION_SUFFIX "${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}")
-if(PROJECT_VERSION_MAJOR GREATER 0)
-  set(D2L_SOVERSION_SUFFIX "${PROJECT_VERSION_MAJOR}")
-endif()
 set(CPACK_GENERATOR "DEB")
 set(CPACK_PACKAGE_NAME "d2l-attention")
 set(CPACK_PACKAGE_VERSION "${PROJECT_VERSION}")
@@ -28,7 +24,7 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # libd2l_train needs libd2l_attention, from the same package.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${PROJECT_BINARY_DIR}/src" "${PROJECT_BINARY_DIR}/src/train")
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "libd2l-attention${D2L_SOVERSION_SUFFIX}")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "libd2l-attention${D2L_SOVERSION}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION "libs")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "libd2l-attention-dev")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION "libdevel")
@@ -40,7 +36,7 @@ set(D2L_DEV_DEPENDS
     "libtorch-dev (>= ${D2L_TORCH_MINOR}), libtorch-dev (<< ${CMAKE_MATCH_1}.${D2L_TORCH_NEXT_MINOR})")
 if(D2L_BUILD_SHARED)
   string(PREPEND D2L_DEV_DEPENDS
-         "libd2l-attention${D2L_SOVERSION_SUFFIX} (= ${PROJECT_VERSION}), ")
+         "libd2l-attention${D2L_SOVERSION} (= ${PROJECT_VERSION}), ")
 else()
   set(CPACK_COMPONENTS_ALL dev)
   string(APPEND D2L_DEV_DEPENDS ", zlib1g-dev")
