@@ -13,6 +13,10 @@
 //   torch::nn::MultiheadAttention with the same mask as -inf (`torch_nn`).
 // - mha_size/d2l/h:H/n:N/fwd_bwd/threads:1: multi-head self-attention by
 //   size (n = m = N, 4 heads of H / 4 features).
+// - decode/batch:B/threads:1: greedy decoding with the book's Transformer
+//   (32 hidden units, 4 heads, 2 blocks, FFN 64, vocabulary 200, source of
+//   10 tokens), evaluation mode, no autograd: init_state, then 10 decoder
+//   steps of one token each, feeding back the argmax. The time is per step.
 //
 // <pass> is `fwd` (no autograd) or `fwd_bwd` (forward, then backward into
 // the inputs and parameters). Pick cases with --benchmark_filter.
@@ -189,6 +193,46 @@ void mha_size_cases(int threads) {
   }
 }
 
+// A decoding step of the book's Transformer as predict_seq2seq takes it.
+void decode_cases(int threads) {
+  constexpr int64_t vocab = 200, h = 32, heads = 4, layers = 2, ffn = 64, src_len = 10,
+                    steps = 10;
+  for (const int64_t B : {1, 64}) {
+    benchmark::RegisterBenchmark(
+        fmt::format("decode/batch:{}/threads:{}", B, threads).c_str(),
+        [=](benchmark::State& state) {
+          d2l::set_num_threads(threads);
+          torch::manual_seed(3);
+          d2l::TransformerEncoder encoder(vocab, h, h, h, h, {h}, h, ffn, heads, layers, 0.1);
+          d2l::TransformerDecoder decoder(vocab, h, h, h, h, {h}, h, ffn, heads, layers, 0.1);
+          encoder->eval();
+          decoder->eval();
+          torch::NoGradGuard no_grad;
+          const auto src = torch::randint(vocab, {B, src_len});
+          const auto src_lens = torch::randint(1, src_len + 1, {B});
+          const auto enc = encoder->forward(src, src_lens);
+          const auto decode = [&] {
+            auto dec_state = decoder->init_state(enc, src_lens);
+            auto X = torch::zeros({B, 1}, torch::kLong);
+            for (int64_t t = 0; t < steps; ++t) {
+              auto [Y, next] = decoder->forward(X, dec_state);
+              dec_state = std::move(next);
+              X = Y.argmax(2);
+            }
+            return X;
+          };
+          decode();  // warm-up
+          for (auto _ : state) benchmark::DoNotOptimize(decode());
+          state.counters["threads"] = threads;
+          state.counters["per_step_ms"] = benchmark::Counter(
+              static_cast<double>(steps) * 1e-3,
+              benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -197,7 +241,10 @@ int main(int argc, char** argv) {
   for (const int threads : {1, 2}) {
     causal_cases(threads);
     mha_cases(threads);
-    if (threads == 1) mha_size_cases(threads);
+    if (threads == 1) {
+      mha_size_cases(threads);
+      decode_cases(threads);
+    }
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -7,13 +7,13 @@
 
 #include <fmt/format.h>
 
-#include "additive_attention.h"
+#include "additive_attention_internal.h"
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
 #include "cpu/kernel_args.h"
 #include "linear.h"
-#include "masked_softmax.h"
+#include "masked_softmax_internal.h"
 #include "path.h"
 
 namespace d2l {

@@ -1,6 +1,6 @@
 // LibTorch's masks as the library's lengths (Note [Masks as lengths]).
 
-#include "attention_mask.h"
+#include "attention_mask_internal.h"
 
 #include <fmt/format.h>
 

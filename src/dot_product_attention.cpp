@@ -17,10 +17,10 @@
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
-#include "dot_product_attention.h"
-#include "masked_softmax.h"
+#include "dot_product_attention_internal.h"
+#include "masked_softmax_internal.h"
 #include "path.h"
-#include "sequence_mask.h"
+#include "sequence_mask_internal.h"
 
 namespace d2l {
 namespace detail {

@@ -10,9 +10,9 @@
 #include "checks.h"
 #include "cpu/kernel_args.h"
 #include "cpu/masked_softmax_kernel.h"
-#include "masked_softmax.h"
+#include "masked_softmax_internal.h"
 #include "path.h"
-#include "sequence_mask.h"
+#include "sequence_mask_internal.h"
 
 namespace d2l {
 namespace detail {

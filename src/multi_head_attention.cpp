@@ -10,9 +10,9 @@
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
-#include "dot_product_attention.h"
+#include "dot_product_attention_internal.h"
 #include "linear.h"
-#include "multi_head_attention.h"
+#include "multi_head_attention_internal.h"
 #include "path.h"
 
 namespace d2l {

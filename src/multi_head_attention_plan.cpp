@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "attention_mask.h"
+#include "attention_mask_internal.h"
 #include "checks.h"
-#include "multi_head_attention.h"
+#include "multi_head_attention_internal.h"
 
 namespace d2l::detail {
 namespace {

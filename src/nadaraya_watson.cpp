@@ -8,7 +8,7 @@
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
-#include "masked_softmax.h"
+#include "masked_softmax_internal.h"
 
 namespace d2l {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "checks.h"
-#include "sequence_mask.h"
+#include "sequence_mask_internal.h"
 
 namespace d2l {
 namespace detail {

@@ -13,7 +13,7 @@
 namespace d2l {
 
 namespace detail {
-struct StepCache;  // src/transformer_cache.h
+struct StepCache;  // src/transformer/cache.h
 }  // namespace detail
 
 /// What an encoder hands to a decoder's `init_state`: the book's `enc_outputs`,

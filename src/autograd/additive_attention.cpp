@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "additive_attention.h"
+#include "additive_attention_internal.h"
 #include "cpu/additive_attention_kernel.h"
 #include "cpu/kernel_args.h"
 #include "linear.h"

@@ -6,8 +6,8 @@
 
 #include "cpu/dot_product_attention_kernel.h"
 #include "cpu/kernel_args.h"
-#include "dot_product_attention.h"
-#include "masked_softmax.h"
+#include "dot_product_attention_internal.h"
+#include "masked_softmax_internal.h"
 
 namespace d2l::detail {
 namespace {

@@ -3,8 +3,8 @@
 
 #include <torch/autograd.h>
 
-#include "masked_softmax.h"
-#include "sequence_mask.h"
+#include "masked_softmax_internal.h"
+#include "sequence_mask_internal.h"
 
 namespace d2l::detail {
 namespace {

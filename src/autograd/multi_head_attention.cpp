@@ -12,8 +12,8 @@
 #include "cpu/kernel_args.h"
 #include "cpu/multi_head_attention_kernel.h"
 #include "linear.h"
-#include "masked_softmax.h"
-#include "multi_head_attention.h"
+#include "masked_softmax_internal.h"
+#include "multi_head_attention_internal.h"
 
 namespace d2l::detail {
 namespace {

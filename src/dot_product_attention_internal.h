@@ -13,7 +13,7 @@
 #include <optional>
 #include <tuple>
 
-#include "attention_mask.h"
+#include "attention_mask_internal.h"
 #include "checks.h"
 
 namespace d2l::detail {

@@ -1,7 +1,7 @@
 #pragma once
 
 // Checks of the token ids and source lengths that the sequence-to-sequence
-// modules (src/seq2seq.cpp, src/transformer_*.cpp) take.
+// modules (src/seq2seq/, src/transformer/) take.
 
 #include <torch/nn/modules/embedding.h>
 #include <torch/types.h>

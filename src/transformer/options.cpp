@@ -1,4 +1,4 @@
-#include "transformer_options.h"
+#include "transformer/options.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -12,8 +12,8 @@
 
 #include "checked_load.h"
 #include "checks.h"
-#include "sequence_checks.h"
-#include "transformer_options.h"
+#include "seq2seq/sequence_checks.h"
+#include "transformer/options.h"
 
 namespace d2l {
 

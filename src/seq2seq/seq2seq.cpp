@@ -9,11 +9,11 @@
 #include <utility>
 #include <vector>
 
-#include "additive_attention.h"
+#include "additive_attention_internal.h"
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
-#include "sequence_checks.h"
+#include "seq2seq/sequence_checks.h"
 
 namespace d2l {
 namespace {

@@ -10,9 +10,9 @@
 
 #include "checked_load.h"
 #include "checks.h"
-#include "sequence_checks.h"
-#include "transformer_cache.h"
-#include "transformer_options.h"
+#include "seq2seq/sequence_checks.h"
+#include "transformer/cache.h"
+#include "transformer/options.h"
 
 namespace d2l {
 namespace {

@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "attention_mask.h"
+#include "attention_mask_internal.h"
 
 namespace d2l::detail {
 

@@ -1,4 +1,4 @@
-#include "transformer_cache.h"
+#include "transformer/cache.h"
 
 #include <algorithm>
 

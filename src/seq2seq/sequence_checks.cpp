@@ -1,4 +1,4 @@
-#include "sequence_checks.h"
+#include "seq2seq/sequence_checks.h"
 
 #include <fmt/format.h>
 
