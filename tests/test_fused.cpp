@@ -24,7 +24,7 @@
 #include <limits>
 #include <sstream>
 
-#include "additive_attention.h"
+#include "additive_attention_internal.h"
 #include "checks.h"
 #include "cpu/additive_attention_kernel.h"
 #include "fused_helpers.h"

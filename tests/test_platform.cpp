@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "masked_softmax.h"
+#include "masked_softmax_internal.h"
 #include "path.h"
 #include "platform_helpers.h"
 #include "test_utils.h"
