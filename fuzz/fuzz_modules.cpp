@@ -62,7 +62,8 @@ void fuzz_multi_head_functional(Bytes& in, const QKVArgs& a) {
     tame_inputs = tame_inputs && tame(t);
   }
   const auto [out, weights] = d2l::functional::multi_head_attention(
-      a.queries.value, a.keys.value, a.values.value, a.lens, options);
+      a.queries.value, a.keys.value, a.values.value,
+      d2l::functional::MultiHeadAttentionFuncOptions(options).valid_lens(a.lens));
   note("out", out);
   note("weights", weights);
   const int64_t B = a.queries.value.size(0), n = a.queries.value.size(1), m = a.keys.value.size(1);

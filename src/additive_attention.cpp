@@ -8,13 +8,14 @@
 #include <fmt/format.h>
 
 #include "additive_attention_internal.h"
+#include "attention_mask_internal.h"
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
 #include "cpu/kernel_args.h"
 #include "linear.h"
 #include "masked_softmax_internal.h"
-#include "path.h"
+#include "select.h"
 
 namespace d2l {
 namespace detail {
@@ -60,8 +61,11 @@ torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
                                       const torch::Tensor& projected_keys, const torch::Tensor& w_v,
                                       AttentionBackend backend) {
   constexpr const char* fn = "d2l::additive_scores";
-  switch (
-      choose_additive_path(fn, backend, projected_queries, 0.0, false, AdditiveStage::kScores)) {
+  AdditiveParams params;
+  params.queries = projected_queries;
+  params.stage = AdditiveStage::kScores;
+  params.backend = backend;
+  switch (select_additive(fn, params, /*explain=*/false).path) {
     case AdditivePath::kFusedScores:
       return fused_additive(projected_queries, projected_keys, w_v, {}, /*softmax=*/false);
     case AdditivePath::kComposite: return composite_scores(projected_queries, projected_keys, w_v);
@@ -71,47 +75,49 @@ torch::Tensor additive_scores_nocheck(const torch::Tensor& projected_queries,
 
 namespace {
 
-// The weights by the scores' path (kFusedScores, kChunked or kComposite).
+// The weights by the scores' path (kFusedScores, kChunked or kComposite),
+// masked by the lengths or, where lengths cannot say it, the boolean mask.
 torch::Tensor additive_weights(AdditivePath path, const torch::Tensor& projected_queries,
                                const torch::Tensor& projected_keys, const torch::Tensor& w_v,
-                               const torch::Tensor& valid_lens) {
-  switch (path) {
-    case AdditivePath::kFusedScores:
-      return fused_additive(projected_queries, projected_keys, w_v, valid_lens, /*softmax=*/true);
-    case AdditivePath::kComposite:
-      return composite_masked_softmax(composite_scores(projected_queries, projected_keys, w_v),
-                                      valid_lens);
-    default:
-      return composite_masked_softmax(
-          chunked_additive_scores(projected_queries, projected_keys, w_v), valid_lens);
+                               const ResolvedMask& mask) {
+  if (path == AdditivePath::kFusedScores) {
+    return fused_additive(projected_queries, projected_keys, w_v, mask.lens, /*softmax=*/true);
   }
+  auto scores = path == AdditivePath::kComposite
+                    ? composite_scores(projected_queries, projected_keys, w_v)
+                    : chunked_additive_scores(projected_queries, projected_keys, w_v);
+  return mask.allowed.defined() ? composite_masked_softmax_where(scores, mask.allowed)
+                                : composite_masked_softmax(scores, mask.lens);
 }
 
 // Additive attention by `path` after the projections: (output, weights
 // before dropout).
 std::tuple<torch::Tensor, torch::Tensor> run_projected(
     AdditivePath path, const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
-    const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
-    double dropout, bool training) {
+    const torch::Tensor& values, const torch::Tensor& w_v, const ResolvedMask& mask, double dropout,
+    bool training) {
   if (path == AdditivePath::kFusedValues) {
     TORCH_INTERNAL_ASSERT(values.device().is_cpu(), "the fused additive kernel got values on ",
                           values.device());
     return additive_values_autograd(projected_queries, projected_keys, values, w_v.reshape({-1}),
-                                    lengths_arg(valid_lens));
+                                    lengths_arg(mask.lens));
   }
-  auto weights = additive_weights(path, projected_queries, projected_keys, w_v, valid_lens);
+  auto weights = additive_weights(path, projected_queries, projected_keys, w_v, mask);
   auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
   return {std::move(output), std::move(weights)};
 }
 
 // The path, logged when D2L_LOG_PATH asks.
-AdditivePath choose_logged(const char* fn, AttentionBackend backend, const torch::Tensor& queries,
-                           double dropout, bool training, AdditiveStage stage) {
-  if (!logging_paths()) return choose_additive_path(fn, backend, queries, dropout, training, stage);
-  std::vector<std::string> reasons;
-  const auto path = choose_additive_path(fn, backend, queries, dropout, training, stage, &reasons);
-  log_path(fn, backend, to_string(path), reasons);
-  return path;
+AdditivePath select_logged(const char* fn, const AdditiveParams& params) {
+  const bool log = logging_paths();
+  const auto selection = select_additive(fn, params, log);
+  if (log) log_path(fn, params.backend, to_string(selection.path), selection.reasons);
+  return selection.path;
+}
+
+// Lengths alone, as the book's callers pass them.
+ResolvedMask lengths_only(const torch::Tensor& valid_lens) {
+  return {valid_lens, std::nullopt, {}, {}};
 }
 
 }  // namespace
@@ -120,19 +126,27 @@ torch::Tensor additive_weights_nocheck(const torch::Tensor& projected_queries,
                                        const torch::Tensor& projected_keys,
                                        const torch::Tensor& w_v, const torch::Tensor& valid_lens,
                                        AttentionBackend backend) {
-  const auto path = choose_additive_path("d2l::AdditiveAttention", backend, projected_queries, 0.0,
-                                         false, AdditiveStage::kScores);
-  return additive_weights(path, projected_queries, projected_keys, w_v, valid_lens);
+  AdditiveParams params;
+  params.queries = projected_queries;
+  params.stage = AdditiveStage::kScores;
+  params.backend = backend;
+  const auto path = select_additive("d2l::AdditiveAttention", params, /*explain=*/false).path;
+  return additive_weights(path, projected_queries, projected_keys, w_v, lengths_only(valid_lens));
 }
 
 std::tuple<torch::Tensor, torch::Tensor> additive_attention_projected(
     const torch::Tensor& projected_queries, const torch::Tensor& projected_keys,
     const torch::Tensor& values, const torch::Tensor& w_v, const torch::Tensor& valid_lens,
     double dropout, bool training, AttentionBackend backend) {
-  const auto path = choose_logged("d2l::AdditiveAttention", backend, projected_queries, dropout,
-                                  training, AdditiveStage::kProjected);
-  return run_projected(path, projected_queries, projected_keys, values, w_v, valid_lens, dropout,
-                       training);
+  AdditiveParams params;
+  params.queries = projected_queries;
+  params.stage = AdditiveStage::kProjected;
+  params.backend = backend;
+  params.dropout = dropout;
+  params.training = training;
+  const auto path = select_logged("d2l::AdditiveAttention", params);
+  return run_projected(path, projected_queries, projected_keys, values, w_v,
+                       lengths_only(valid_lens), dropout, training);
 }
 
 torch::Tensor chunked_additive_scores(const torch::Tensor& projected_queries,
@@ -158,13 +172,13 @@ void check_module_inputs(const char* fn, const AdditiveAttentionOptions& options
 namespace {
 
 // functional::additive_attention's checks, with messages naming `fn` (the
-// function or the module that was called); a module passes its options,
-// checked after the inputs' own shapes.
-void check_additive_attention(const char* fn, const AdditiveAttentionOptions* module_options,
+// function or the module that was called; a module passes its options,
+// checked after the inputs' own shapes), and what decides its path.
+AdditiveParams checked_params(const char* fn, const AdditiveAttentionOptions* module_options,
                               const torch::Tensor& queries, const torch::Tensor& keys,
                               const torch::Tensor& values,
                               const functional::AdditiveAttentionFuncOptions& o) {
-  check_qkv(fn, queries, keys, values, o.valid_lens());
+  const auto range = check_qkv(fn, queries, keys, values, o.valid_lens());
   if (module_options != nullptr) check_module_inputs(fn, *module_options, queries, keys, o.W_q());
   check_floating(fn, "W_q", o.W_q(), 2);
   const int64_t h = o.W_q().size(0);
@@ -172,6 +186,16 @@ void check_additive_attention(const char* fn, const AdditiveAttentionOptions* mo
   check_linear_weight(fn, "W_k", o.W_k(), h, keys.size(2), "queries", queries);
   check_linear_weight(fn, "w_v", o.w_v(), 1, h, "queries", queries);
   check_dropout(fn, o.dropout());
+  check_masks(fn, o.mask(), queries, keys);
+  AdditiveParams params;
+  params.queries = queries;
+  params.stage = AdditiveStage::kFull;
+  params.mask = resolve_masks(fn, o.mask(), range, queries.size(0), queries.size(1), keys.size(1),
+                              queries.device());
+  params.backend = o.backend();
+  params.dropout = o.dropout();
+  params.training = o.training();
+  return params;
 }
 
 }  // namespace
@@ -180,15 +204,14 @@ std::tuple<torch::Tensor, torch::Tensor> additive_attention(
     const char* fn, const AdditiveAttentionOptions* module_options, const torch::Tensor& queries,
     const torch::Tensor& keys, const torch::Tensor& values,
     const functional::AdditiveAttentionFuncOptions& o) {
-  check_additive_attention(fn, module_options, queries, keys, values, o);
-  const auto path =
-      choose_logged(fn, o.backend(), queries, o.dropout(), o.training(), AdditiveStage::kFull);
+  const auto params = checked_params(fn, module_options, queries, keys, values, o);
+  const auto path = select_logged(fn, params);
   auto [output, weights] =
       path == AdditivePath::kFusedProjections
           ? additive_projected_autograd(queries, keys, values, o.W_q(), o.W_k(), o.w_v(),
-                                        lengths_arg(o.valid_lens()))
+                                        lengths_arg(params.mask.lens))
           : run_projected(path, linear(queries, o.W_q(), {}, o.backend()),
-                          linear(keys, o.W_k(), {}, o.backend()), values, o.w_v(), o.valid_lens(),
+                          linear(keys, o.W_k(), {}, o.backend()), values, o.w_v(), params.mask,
                           o.dropout(), o.training());
   if (!o.need_weights()) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};
@@ -199,12 +222,9 @@ PathExplanation explain_additive_attention(const char* fn,
                                            const torch::Tensor& queries, const torch::Tensor& keys,
                                            const torch::Tensor& values,
                                            const functional::AdditiveAttentionFuncOptions& o) {
-  check_additive_attention(fn, module_options, queries, keys, values, o);
-  PathExplanation explanation{fn, o.backend(), {}, {}};
-  explanation.path =
-      to_string(choose_additive_path(fn, o.backend(), queries, o.dropout(), o.training(),
-                                     AdditiveStage::kFull, &explanation.reasons));
-  return explanation;
+  auto selection =
+      select_additive(fn, checked_params(fn, module_options, queries, keys, values, o), true);
+  return {fn, o.backend(), to_string(selection.path), std::move(selection.reasons)};
 }
 
 }  // namespace detail
@@ -299,11 +319,10 @@ namespace {
 // What forward runs: the module's weights, the registered dropout module's
 // p and mode (as in the book) and its options.
 functional::AdditiveAttentionFuncOptions module_call(const AdditiveAttentionImpl& module,
-                                                     const torch::Tensor& valid_lens,
-                                                     bool need_weights) {
+                                                     const AttentionMask& mask, bool need_weights) {
   return functional::AdditiveAttentionFuncOptions(module.W_q->weight, module.W_k->weight,
                                                   module.w_v->weight)
-      .valid_lens(valid_lens)
+      .mask(mask)
       .dropout(module.dropout->options.p())
       .training(module.dropout->is_training())
       .backend(module.options.backend())
@@ -314,28 +333,27 @@ functional::AdditiveAttentionFuncOptions module_call(const AdditiveAttentionImpl
 
 torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& keys, const torch::Tensor& values,
-                                             const torch::Tensor& valid_lens) {
+                                             const AttentionMask& mask) {
   const bool record = options.record_attention_weights();
-  auto [output, weights] =
-      detail::additive_attention("d2l::AdditiveAttention", &options, queries, keys, values,
-                                 module_call(*this, valid_lens, record));
+  auto [output, weights] = detail::additive_attention(
+      "d2l::AdditiveAttention", &options, queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention_weights, weights);
   return output;
 }
 
 std::tuple<torch::Tensor, torch::Tensor> AdditiveAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens) {
+    const AttentionMask& mask) {
   return detail::additive_attention("d2l::AdditiveAttention", &options, queries, keys, values,
-                                    module_call(*this, valid_lens, /*need_weights=*/true));
+                                    module_call(*this, mask, /*need_weights=*/true));
 }
 
 PathExplanation AdditiveAttentionImpl::explain_path(const torch::Tensor& queries,
                                                     const torch::Tensor& keys,
                                                     const torch::Tensor& values,
-                                                    const torch::Tensor& valid_lens) const {
+                                                    const AttentionMask& mask) const {
   return detail::explain_additive_attention("d2l::AdditiveAttention", &options, queries, keys,
-                                            values, module_call(*this, valid_lens, true));
+                                            values, module_call(*this, mask, true));
 }
 
 torch::Tensor AdditiveAttentionImpl::last_attention_weights() const {

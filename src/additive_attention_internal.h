@@ -4,7 +4,7 @@
 // and the module in additive_attention.cpp, the autograd functions in
 // autograd/additive_attention.cpp, the kernels in
 // cpu/additive_attention_{forward,backward}_kernel.cpp (the table in
-// cpu/additive_attention_kernel.cpp); the choice of path in path.cpp.
+// cpu/additive_attention_kernel.cpp); the choice of path in select.cpp.
 
 #include <torch/types.h>
 

@@ -54,16 +54,16 @@ torch::Tensor min_lengths(const torch::Tensor& a, const torch::Tensor& b, int64_
 
 }  // namespace
 
-void check_masks(const char* fn, const Masks& masks, const torch::Tensor& queries,
+void check_masks(const char* fn, const AttentionMask& mask, const torch::Tensor& queries,
                  const torch::Tensor& keys, int64_t heads) {
   const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
-  const auto& kp = masks.key_padding_mask;
+  const auto& kp = mask.key_padding_mask();
   if (kp.defined()) {
     check_bool_mask(fn, "key_padding_mask", kp, queries, keys, fmt::format("[{}, {}]", batch, m),
                     kp.dim() == 2 && kp.size(0) == batch && kp.size(1) == m,
                     "true marks a padding key");
   }
-  const auto& am = masks.attn_mask;
+  const auto& am = mask.attn_mask();
   if (am.defined()) {
     const bool rows_ok = (am.dim() == 2 || am.dim() == 3) && am.size(-2) == n && am.size(-1) == m;
     // dim() first: size(0) of a 0-dim mask would be ATen's error, not ours.
@@ -78,17 +78,18 @@ void check_masks(const char* fn, const Masks& masks, const torch::Tensor& querie
                     "true marks a pair that may not attend, as in torch::nn::MultiheadAttention; "
                     "the opposite of SDPA's boolean mask");
   }
-  TORCH_CHECK(!masks.is_causal || m >= n,
+  TORCH_CHECK(!mask.is_causal() || m >= n,
               fmt::format("{}: is_causal aligns the last query with the last key (query i sees "
                           "keys j <= i + m - n) and needs at least as many keys as queries, got "
                           "queries {} and keys {}; pass an attn_mask for another alignment",
                           fn, shape_of(queries), shape_of(keys)));
 }
 
-ResolvedMask resolve_masks(const char* fn, const torch::Tensor& valid_lens,
-                           const std::optional<LengthRange>& range, const Masks& masks,
-                           int64_t batch, int64_t n, int64_t m, const c10::Device& device) {
-  if (!masks.any()) return {valid_lens, range, {}, {}};
+ResolvedMask resolve_masks(const char* fn, const AttentionMask& mask,
+                           const std::optional<LengthRange>& range, int64_t batch, int64_t n,
+                           int64_t m, const c10::Device& device) {
+  const auto& valid_lens = mask.valid_lens();
+  if (!has_masks(mask)) return {valid_lens, range, {}, {}};
   const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(device);
   // Lengths above m mean m; clamped before the conversion, which 1e20 would overflow.
   torch::Tensor lens;
@@ -101,26 +102,28 @@ ResolvedMask resolve_masks(const char* fn, const torch::Tensor& valid_lens,
   // broadcastable to (B, n, m).
   std::vector<torch::Tensor> hidden;
   std::string because;
-  const auto add_general = [&](torch::Tensor mask, const char* name) {
-    hidden.push_back(std::move(mask));
+  const auto add_general = [&](torch::Tensor hide, const char* name) {
+    hidden.push_back(std::move(hide));
     because += fmt::format("{}{} is not a prefix of keys in every row", because.empty() ? "" : "; ",
                            name);
   };
-  if (masks.key_padding_mask.defined()) {
-    auto kp_lens = prefix_lengths(masks.key_padding_mask);
+  const auto& kp = mask.key_padding_mask();
+  if (kp.defined()) {
+    auto kp_lens = prefix_lengths(kp);
     if (kp_lens.defined()) {
       lens = min_lengths(lens, kp_lens, batch, n);
     } else {
-      add_general(masks.key_padding_mask.view({batch, 1, m}), "key_padding_mask");
+      add_general(kp.view({batch, 1, m}), "key_padding_mask");
     }
   }
-  if (masks.is_causal) {
+  if (mask.is_causal()) {
     const auto causal = torch::arange(1 + m - n, 1 + m, long_options).view({1, n});
     lens = min_lengths(lens, causal, batch, n);
     if (lens.size(0) != batch) lens = lens.expand({batch, n});
   }
-  if (masks.attn_mask.defined()) {
-    const auto am = masks.attn_mask.dim() == 2 ? masks.attn_mask.unsqueeze(0) : masks.attn_mask;
+  if (mask.attn_mask().defined()) {
+    const auto& given = mask.attn_mask();
+    const auto am = given.dim() == 2 ? given.unsqueeze(0) : given;
     auto am_lens = prefix_lengths(am);
     if (am_lens.defined()) {
       lens = min_lengths(lens, am_lens, batch, n);
@@ -144,6 +147,18 @@ ResolvedMask resolve_masks(const char* fn, const torch::Tensor& valid_lens,
   }
   auto allowed = hide.logical_not().expand({batch, n, m}).contiguous();
   return {{}, std::nullopt, std::move(allowed), std::move(because)};
+}
+
+ResolvedMask repeat_per_head(ResolvedMask mask, int64_t heads) {
+  const auto repeat = [heads](const torch::Tensor& t) {
+    return t.defined() ? t.repeat_interleave(heads, /*dim=*/0) : t;
+  };
+  mask.lens = repeat(mask.lens);
+  mask.allowed = repeat(mask.allowed);
+  if (mask.range && mask.range->on_host.defined()) {
+    mask.range->on_host = repeat(mask.range->on_host);
+  }
+  return mask;
 }
 
 }  // namespace d2l::detail

@@ -14,6 +14,7 @@
 // with the rest, and the call runs the composite path (or SDPA, which takes a
 // boolean mask) exactly. Reading the masks costs one synchronisation on CUDA.
 
+#include <d2l/attention_mask.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -24,20 +25,17 @@
 
 namespace d2l::detail {
 
-/// The masks of one call beside its valid lengths (d2l::AttentionMask's
-/// other fields).
-struct Masks {
-  torch::Tensor key_padding_mask;
-  torch::Tensor attn_mask;
-  bool is_causal = false;
-  bool any() const { return key_padding_mask.defined() || attn_mask.defined() || is_causal; }
-};
+/// Whether `mask` holds any of LibTorch's masks beside the lengths.
+inline bool has_masks(const AttentionMask& mask) {
+  return mask.key_padding_mask().defined() || mask.attn_mask().defined() || mask.is_causal();
+}
 
-/// Checks `masks` against queries (B, n, *) and keys (B, m, *): key_padding_mask
-/// torch::kBool (B, m); attn_mask torch::kBool (n, m), (B, n, m) or, with
-/// `heads` > 1, (B * heads, n, m); is_causal with m >= n; all on the queries'
-/// device. Errors name `fn`, the argument and the shapes.
-void check_masks(const char* fn, const Masks& masks, const torch::Tensor& queries,
+/// Checks LibTorch's masks of `mask` against queries (B, n, *) and keys (B,
+/// m, *): key_padding_mask torch::kBool (B, m); attn_mask torch::kBool (n,
+/// m), (B, n, m) or, with `heads` > 1, (B * heads, n, m); is_causal with m >=
+/// n; all on the queries' device. Errors name `fn`, the argument and the
+/// shapes. The lengths are check_qkv's.
+void check_masks(const char* fn, const AttentionMask& mask, const torch::Tensor& queries,
                  const torch::Tensor& keys, int64_t heads = 1);
 
 /// What the masks of a call come to (Note [Masks as lengths]).
@@ -56,9 +54,15 @@ struct ResolvedMask {
 /// The masks of a call with `batch` entries (B · heads for multi-head
 /// attention, with its valid lengths and key-padding mask repeated per head
 /// already), n queries and m keys, as lengths (or a boolean mask). Without
-/// masks, `valid_lens` and `range` as they are. Arguments already checked.
-ResolvedMask resolve_masks(const char* fn, const torch::Tensor& valid_lens,
-                           const std::optional<LengthRange>& range, const Masks& masks,
-                           int64_t batch, int64_t n, int64_t m, const c10::Device& device);
+/// LibTorch's masks, the valid lengths and `range` (theirs) as they are.
+/// Arguments already checked.
+ResolvedMask resolve_masks(const char* fn, const AttentionMask& mask,
+                           const std::optional<LengthRange>& range, int64_t batch, int64_t n,
+                           int64_t m, const c10::Device& device);
+
+/// `mask` for `heads` heads per batch entry: every row of `lens`, `allowed`
+/// and the range's host copy repeated per head, head b * heads + i belonging
+/// to entry b. The one place a resolved mask is repeated.
+ResolvedMask repeat_per_head(ResolvedMask mask, int64_t heads);
 
 }  // namespace d2l::detail

@@ -2,7 +2,7 @@
 // masked softmax, bmm; fused softmax on the CPU), the flash kernel's entry
 // (autograd/dot_product_attention.cpp), LibTorch's SDPA with our masking
 // contract, the functional form and the module. The choice among
-// them is in path.cpp (Note [Choosing a path]).
+// them is in select.cpp (Note [Choosing a path]).
 
 #include <d2l/dot_product_attention.h>
 #include <d2l/torch_version.h>
@@ -19,7 +19,6 @@
 #include "checks.h"
 #include "dot_product_attention_internal.h"
 #include "masked_softmax_internal.h"
-#include "path.h"
 #include "sequence_mask_internal.h"
 
 namespace d2l {
@@ -129,10 +128,7 @@ torch::Tensor sdpa_general_mask(const torch::Tensor& queries, const torch::Tenso
 
 }  // namespace
 
-namespace {
-
-// The checks of dot_product_attention after check_qkv.
-void check_features_and_dropout(const char* fn, const torch::Tensor& queries,
+void check_dot_product_settings(const char* fn, const torch::Tensor& queries,
                                 const torch::Tensor& keys, double dropout) {
   TORCH_CHECK(queries.size(2) == keys.size(2),
               fmt::format("{}: queries and keys must have the same feature size, got queries {} "
@@ -146,36 +142,32 @@ void check_features_and_dropout(const char* fn, const torch::Tensor& queries,
   check_dropout(fn, dropout);
 }
 
-}  // namespace
-
-PathExplanation explain_dot_product_attention(const char* fn, const torch::Tensor& queries,
-                                              const torch::Tensor& keys,
-                                              const torch::Tensor& values,
-                                              const ResolvedMask& mask, double dropout,
-                                              bool training, AttentionBackend backend,
-                                              bool need_weights) {
-  check_features_and_dropout(fn, queries, keys, dropout);
-  PathExplanation explanation{fn, backend, {}, {}};
-  explanation.path = to_string(choose_dot_product_path(fn, backend, queries, keys, values, dropout,
-                                                       training, need_weights,
-                                                       mask.general_because, &explanation.reasons));
-  return explanation;
+PathExplanation explain_dot_product_attention(const char* fn, const DotProductParams& params) {
+  check_dot_product_settings(fn, params.queries, params.keys, params.dropout);
+  auto selection = select_dot_product(fn, params, /*explain=*/true);
+  return {fn, params.backend, to_string(selection.path), std::move(selection.reasons)};
 }
 
-std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
-    const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-    const torch::Tensor& values, const ResolvedMask& mask, double dropout, bool training,
-    AttentionBackend backend, bool need_weights) {
-  check_features_and_dropout(fn, queries, keys, dropout);
-  std::vector<std::string> reasons;
+std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(const char* fn,
+                                                               const DotProductParams& params) {
+  check_dot_product_settings(fn, params.queries, params.keys, params.dropout);
   const bool log = logging_paths();
-  const auto chosen =
-      choose_dot_product_path(fn, backend, queries, keys, values, dropout, training, need_weights,
-                              mask.general_because, log ? &reasons : nullptr);
-  if (log) log_path(fn, backend, to_string(chosen), reasons);
+  const auto selection = select_dot_product(fn, params, log);
+  if (log) log_path(fn, params.backend, to_string(selection.path), selection.reasons);
+  return run_dot_product_attention(params, selection.path);
+}
+
+std::tuple<torch::Tensor, torch::Tensor> run_dot_product_attention(const DotProductParams& params,
+                                                                   DotProductPath path) {
+  const auto& queries = params.queries;
+  const auto& keys = params.keys;
+  const auto& values = params.values;
+  const auto& mask = params.mask;
+  const double dropout = params.dropout;
+  const bool training = params.training, need_weights = params.need_weights;
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
   const double sdpa_dropout = training ? dropout : 0.0;
-  switch (chosen) {
+  switch (path) {
     case DotProductPath::kSdpa:
       return {mask.allowed.defined()
                   ? sdpa_general_mask(queries, keys, values, mask.allowed, sdpa_dropout)
@@ -191,7 +183,7 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
   auto weights =
       mask.allowed.defined()
           ? composite_masked_softmax_where(qk / sqrt_d, mask.allowed)
-      : chosen == DotProductPath::kFusedSoftmax
+      : path == DotProductPath::kFusedSoftmax
           ? fused_masked_softmax_consuming(std::move(qk), mask.lens, 1.0 / sqrt_d)
           : composite_masked_softmax(qk / sqrt_d, mask.lens);
   auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
@@ -204,15 +196,21 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
 namespace detail {
 namespace {
 
-// The checks of functional::dot_product_attention, and its masks resolved.
-ResolvedMask checked_masks(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-                           const torch::Tensor& values,
-                           const functional::DotProductAttentionFuncOptions& options) {
+// The checks of functional::dot_product_attention, and what decides its path.
+DotProductParams checked_params(const char* fn, const torch::Tensor& queries,
+                                const torch::Tensor& keys, const torch::Tensor& values,
+                                const functional::DotProductAttentionFuncOptions& options) {
   const auto range = check_qkv(fn, queries, keys, values, options.valid_lens());
-  const Masks masks{options.key_padding_mask(), options.attn_mask(), options.is_causal()};
-  check_masks(fn, masks, queries, keys);
-  return resolve_masks(fn, options.valid_lens(), range, masks, queries.size(0), queries.size(1),
-                       keys.size(1), queries.device());
+  check_masks(fn, options.mask(), queries, keys);
+  return {queries,
+          keys,
+          values,
+          resolve_masks(fn, options.mask(), range, queries.size(0), queries.size(1), keys.size(1),
+                        queries.device()),
+          options.backend(),
+          options.dropout(),
+          options.training(),
+          options.need_weights()};
 }
 
 }  // namespace
@@ -224,10 +222,8 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const DotProductAttentionFuncOptions& options) {
   constexpr const char* fn = "d2l::dot_product_attention";
-  return detail::dot_product_attention(fn, queries, keys, values,
-                                       detail::checked_masks(fn, queries, keys, values, options),
-                                       options.dropout(), options.training(), options.backend(),
-                                       options.need_weights());
+  return detail::dot_product_attention(
+      fn, detail::checked_params(fn, queries, keys, values, options));
 }
 
 }  // namespace functional
@@ -237,8 +233,7 @@ PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& 
                              const functional::DotProductAttentionFuncOptions& options) {
   constexpr const char* fn = "d2l::dot_product_attention";
   return detail::explain_dot_product_attention(
-      fn, queries, keys, values, detail::checked_masks(fn, queries, keys, values, options),
-      options.dropout(), options.training(), options.backend(), options.need_weights());
+      fn, detail::checked_params(fn, queries, keys, values, options));
 }
 
 DotProductAttentionImpl::DotProductAttentionImpl(double dropout)
@@ -278,14 +273,7 @@ functional::DotProductAttentionFuncOptions module_call(const DotProductAttention
 torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& keys,
                                                const torch::Tensor& values,
-                                               const torch::Tensor& valid_lens) {
-  return forward_masked(queries, keys, values, AttentionMask().valid_lens(valid_lens));
-}
-
-torch::Tensor DotProductAttentionImpl::forward_masked(const torch::Tensor& queries,
-                                                      const torch::Tensor& keys,
-                                                      const torch::Tensor& values,
-                                                      const AttentionMask& mask) {
+                                               const AttentionMask& mask) {
   const bool record = options.record_attention_weights();
   auto [output, weights] =
       functional::dot_product_attention(queries, keys, values, module_call(*this, mask, record));
@@ -295,22 +283,9 @@ torch::Tensor DotProductAttentionImpl::forward_masked(const torch::Tensor& queri
 
 std::tuple<torch::Tensor, torch::Tensor> DotProductAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens) {
-  return forward_with_weights(queries, keys, values, AttentionMask().valid_lens(valid_lens));
-}
-
-std::tuple<torch::Tensor, torch::Tensor> DotProductAttentionImpl::forward_with_weights(
-    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const AttentionMask& mask) {
   return functional::dot_product_attention(queries, keys, values,
                                            module_call(*this, mask, /*need_weights=*/true));
-}
-
-PathExplanation DotProductAttentionImpl::explain_path(const torch::Tensor& queries,
-                                                      const torch::Tensor& keys,
-                                                      const torch::Tensor& values,
-                                                      const torch::Tensor& valid_lens) const {
-  return explain_path(queries, keys, values, AttentionMask().valid_lens(valid_lens));
 }
 
 PathExplanation DotProductAttentionImpl::explain_path(const torch::Tensor& queries,

@@ -2,7 +2,7 @@
 
 // The dot-product attention's layers, for the other ops built on it: the
 // checks and composite path live in dot_product_attention.cpp, the choice of
-// path in path.cpp,
+// path in select.cpp,
 // the flash autograd function in autograd/dot_product_attention.cpp, the
 // kernels in cpu/dot_product_attention_{forward,backward}_kernel.cpp (the table in
 // cpu/dot_product_attention_kernel.cpp).
@@ -15,25 +15,31 @@
 
 #include "attention_mask_internal.h"
 #include "checks.h"
+#include "select.h"
 
 namespace d2l::detail {
 
+/// The checks of dot-product attention after check_qkv and check_masks:
+/// the feature sizes and the dropout.
+void check_dot_product_settings(const char* fn, const torch::Tensor& queries,
+                                const torch::Tensor& keys, double dropout);
+
+/// Runs dot-product attention by `path` (select_dot_product's for `params`,
+/// or for placeholders of the same sizes): (output, weights or undefined
+/// without need_weights).
+std::tuple<torch::Tensor, torch::Tensor> run_dot_product_attention(const DotProductParams& params,
+                                                                   DotProductPath path);
+
 /// functional::dot_product_attention after check_qkv and check_masks, with
-/// the masks resolved (resolve_masks: lengths and their range, as the check
-/// returned them, or a boolean mask). Errors name `fn`.
-std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
-    const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
-    const torch::Tensor& values, const ResolvedMask& mask, double dropout, bool training,
-    AttentionBackend backend, bool need_weights);
+/// the masks resolved in `params` (resolve_masks: lengths and their range, as
+/// the check returned them, or a boolean mask): the settings checked, the
+/// path selected (and logged when D2L_LOG_PATH asks) and run. Errors name `fn`.
+std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(const char* fn,
+                                                               const DotProductParams& params);
 
 /// explain_path for dot-product attention after check_qkv and check_masks,
 /// with the same checks and errors as dot_product_attention.
-PathExplanation explain_dot_product_attention(const char* fn, const torch::Tensor& queries,
-                                              const torch::Tensor& keys,
-                                              const torch::Tensor& values,
-                                              const ResolvedMask& mask, double dropout,
-                                              bool training, AttentionBackend backend,
-                                              bool need_weights);
+PathExplanation explain_dot_product_attention(const char* fn, const DotProductParams& params);
 
 /// {softmax(scale · Q Kᵀ, masked by valid_lens) V, weights} by the flash CPU
 /// kernel (Note [Flash attention]). Without need_weights the weights are

@@ -11,7 +11,7 @@
 #include "cpu/kernel_args.h"
 #include "cpu/masked_softmax_kernel.h"
 #include "masked_softmax_internal.h"
-#include "path.h"
+#include "select.h"
 #include "sequence_mask_internal.h"
 
 namespace d2l {
@@ -65,7 +65,8 @@ torch::Tensor composite_masked_softmax_where(const torch::Tensor& X, const torch
 
 torch::Tensor masked_softmax_nocheck(const torch::Tensor& X, const torch::Tensor& valid_lens,
                                      AttentionBackend backend) {
-  return use_fused("d2l::masked_softmax", backend, X.device())
+  return select_masked_softmax("d2l::masked_softmax", backend, X.device()) ==
+                 MaskedSoftmaxPath::kFused
              ? fused_masked_softmax(X, valid_lens)
              : composite_masked_softmax(X, valid_lens);
 }

@@ -13,7 +13,6 @@
 #include "dot_product_attention_internal.h"
 #include "linear.h"
 #include "multi_head_attention_internal.h"
-#include "path.h"
 
 namespace d2l {
 namespace {
@@ -58,30 +57,32 @@ namespace {
 // functional::multi_head_attention, with messages naming `fn`.
 std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
     const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
-    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
+    const torch::Tensor& keys, const torch::Tensor& values,
     const functional::MultiHeadAttentionFuncOptions& o) {
+  const auto params =
+      detail::checked_multi_head_params(fn, module_options, queries, keys, values, o);
   const bool log = detail::logging_paths();
-  const auto plan = detail::plan_multi_head_attention(fn, module_options, queries, keys, values,
-                                                      valid_lens, o, log);
-  if (plan.small) {
+  const auto selection = detail::select_multi_head(fn, params, log);
+  const int64_t heads = params.heads;
+  if (selection.path == detail::MultiHeadPath::kSmallHeads) {
     // Small heads on the CPU: one autograd node (Note [Small heads]).
     if (log) detail::log_path(fn, o.backend(), "small_heads", {});
     return detail::fused_multi_head_attention(
         queries, keys, values,
-        {o.W_q(), o.W_k(), o.W_v(), o.W_o(), o.b_q(), o.b_k(), o.b_v(), o.b_o()}, plan.mask.lens,
-        plan.heads, o.dropout(), o.training(), o.need_weights());
+        {o.W_q(), o.W_k(), o.W_v(), o.W_o(), o.b_q(), o.b_k(), o.b_v(), o.b_o()}, params.mask.lens,
+        heads, o.dropout(), o.training(), o.need_weights());
   }
-  if (log) detail::log_path(fn, o.backend(), "per-head dot-product attention", plan.reasons);
+  if (log) detail::log_path(fn, o.backend(), to_string(selection.per_head), selection.reasons);
   const auto project = [&o](const torch::Tensor& x, const torch::Tensor& W,
                             const torch::Tensor& b) {
     return detail::linear(x, W, b, o.backend());
   };
-  const int64_t heads = plan.heads;
-  auto [output, weights] = detail::dot_product_attention(
-      "d2l::dot_product_attention", transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
-      transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
-      transpose_qkv(project(values, o.W_v(), o.b_v()), heads), detail::per_head_mask(plan),
-      o.dropout(), o.training(), o.backend(), o.need_weights());
+  auto [output, weights] = detail::run_dot_product_attention(
+      {transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
+       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
+       transpose_qkv(project(values, o.W_v(), o.b_v()), heads), detail::per_head_mask(params),
+       o.backend(), o.dropout(), o.training(), o.need_weights()},
+      selection.per_head);
   return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
 
@@ -91,21 +92,13 @@ PathExplanation explain_multi_head_attention(const char* fn,
                                              const MultiHeadAttentionOptions* module_options,
                                              const torch::Tensor& queries,
                                              const torch::Tensor& keys, const torch::Tensor& values,
-                                             const torch::Tensor& valid_lens,
                                              const functional::MultiHeadAttentionFuncOptions& o) {
-  const auto plan = detail::plan_multi_head_attention(fn, module_options, queries, keys, values,
-                                                      valid_lens, o, true);
-  if (plan.small) return {fn, o.backend(), "small_heads", {}};
-  // The heads' shapes, without projecting anything: one element, expanded.
-  const int64_t batch = queries.size(0) * plan.heads, d = o.W_q().size(0) / plan.heads;
-  const auto head_shaped = [&](int64_t rows) {
-    return torch::empty({1}, queries.options()).expand({batch, rows, d});
-  };
-  auto inner = detail::explain_dot_product_attention(
-      fn, head_shaped(queries.size(1)), head_shaped(keys.size(1)), head_shaped(keys.size(1)),
-      detail::per_head_mask(plan), o.dropout(), o.training(), o.backend(), o.need_weights());
-  inner.reasons.insert(inner.reasons.begin(), plan.reasons.begin(), plan.reasons.end());
-  return inner;
+  const auto params =
+      detail::checked_multi_head_params(fn, module_options, queries, keys, values, o);
+  auto selection = detail::select_multi_head(fn, params, /*explain=*/true);
+  const bool small = selection.path == detail::MultiHeadPath::kSmallHeads;
+  return {fn, o.backend(), small ? "small_heads" : to_string(selection.per_head),
+          std::move(selection.reasons)};
 }
 
 }  // namespace
@@ -123,18 +116,18 @@ MultiHeadAttentionFuncOptions::MultiHeadAttentionFuncOptions(int64_t num_heads, 
 
 std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, const MultiHeadAttentionFuncOptions& options) {
+    const MultiHeadAttentionFuncOptions& options) {
   return checked_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
-                                      valid_lens, options);
+                                      options);
 }
 
 }  // namespace functional
 
 PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                             const torch::Tensor& values, const torch::Tensor& valid_lens,
+                             const torch::Tensor& values,
                              const functional::MultiHeadAttentionFuncOptions& options) {
   return explain_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
-                                      valid_lens, options);
+                                      options);
 }
 
 MultiHeadAttentionOptions::MultiHeadAttentionOptions(int64_t key_size, int64_t query_size,
@@ -223,9 +216,7 @@ functional::MultiHeadAttentionFuncOptions module_call(const MultiHeadAttentionIm
       .training(module.attention->dropout->is_training())
       .backend(module.attention->options.backend())
       .need_weights(need_weights)
-      .key_padding_mask(mask.key_padding_mask())
-      .attn_mask(mask.attn_mask())
-      .is_causal(mask.is_causal());
+      .mask(mask);
 }
 
 }  // namespace
@@ -233,41 +224,19 @@ functional::MultiHeadAttentionFuncOptions module_call(const MultiHeadAttentionIm
 torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& keys,
                                               const torch::Tensor& values,
-                                              const torch::Tensor& valid_lens) {
-  return forward_masked(queries, keys, values, AttentionMask().valid_lens(valid_lens));
-}
-
-torch::Tensor MultiHeadAttentionImpl::forward_masked(const torch::Tensor& queries,
-                                                     const torch::Tensor& keys,
-                                                     const torch::Tensor& values,
-                                                     const AttentionMask& mask) {
+                                              const AttentionMask& mask) {
   const bool record = attention->options.record_attention_weights();
-  auto [output, weights] =
-      checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
-                                   mask.valid_lens(), module_call(*this, mask, record));
+  auto [output, weights] = checked_multi_head_attention(
+      "d2l::MultiHeadAttention", &options, queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention->attention_weights, std::move(weights));
   return output;
 }
 
 std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens) {
-  return forward_with_weights(queries, keys, values, AttentionMask().valid_lens(valid_lens));
-}
-
-std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
-    const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const AttentionMask& mask) {
   return checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
-                                      mask.valid_lens(),
                                       module_call(*this, mask, /*need_weights=*/true));
-}
-
-PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& queries,
-                                                     const torch::Tensor& keys,
-                                                     const torch::Tensor& values,
-                                                     const torch::Tensor& valid_lens) const {
-  return explain_path(queries, keys, values, AttentionMask().valid_lens(valid_lens));
 }
 
 PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& queries,
@@ -275,7 +244,7 @@ PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& querie
                                                      const torch::Tensor& values,
                                                      const AttentionMask& mask) const {
   return explain_multi_head_attention(
-      "d2l::MultiHeadAttention", &options, queries, keys, values, mask.valid_lens(),
+      "d2l::MultiHeadAttention", &options, queries, keys, values,
       module_call(*this, mask, attention->options.record_attention_weights()));
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 
 // Multi-head attention's layers, for multi_head_attention.cpp: the checks
-// and the choice of path (multi_head_attention_plan.cpp), and the fused node
+// (multi_head_attention_plan.cpp; the choice of path is select_multi_head's),
+// and the fused node
 // for small heads, the projections, the small-head kernels and the output
 // projection as one autograd function (autograd/multi_head_attention.cpp;
 // the kernels in cpu/multi_head_attention_kernel.cpp, Note [Small heads]).
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "attention_mask_internal.h"
+#include "select.h"
 
 namespace d2l::detail {
 
@@ -32,28 +34,16 @@ inline bool small_heads(int64_t n, int64_t m, int64_t d) {
   return n * m <= (d <= 16 ? 4096 : 1024);
 }
 
-/// What a call runs, once its arguments are checked: its masks, resolved per
-/// batch entry (or per head, when attn_mask gives each head its own), and
-/// whether its heads are small enough for the one-node kernels.
-struct MultiHeadPlan {
-  int64_t heads = 1;
-  ResolvedMask mask;
-  bool mask_per_head = false;
-  bool small = false;
-  /// Why not small_heads, as "small_heads: <why>" (with `explain`).
-  std::vector<std::string> reasons;
-};
-
 /// functional::multi_head_attention's checks, with messages naming `fn` (the
 /// function or the module that was called; a module passes its options,
-/// checked after the inputs' own shapes), and its plan.
-MultiHeadPlan plan_multi_head_attention(
-    const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
-    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const functional::MultiHeadAttentionFuncOptions& o, bool explain);
-
-/// The plan's masks for the per-head paths: one row per head.
-ResolvedMask per_head_mask(const MultiHeadPlan& plan);
+/// checked after the inputs' own shapes), and what decides its path: the
+/// masks resolved once per batch entry (or per head, when attn_mask gives
+/// each head its own).
+MultiHeadParams checked_multi_head_params(const char* fn,
+                                          const MultiHeadAttentionOptions* module_options,
+                                          const torch::Tensor& queries, const torch::Tensor& keys,
+                                          const torch::Tensor& values,
+                                          const functional::MultiHeadAttentionFuncOptions& o);
 
 /// The parameters of one multi-head attention call. Biases may be undefined.
 struct MultiHeadWeights {

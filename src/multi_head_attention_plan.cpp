@@ -1,7 +1,6 @@
-// Multi-head attention's checks and its choice of path: the arguments
-// against each other (and against a module's options), the masks resolved
-// once per batch entry, and whether the heads are small enough for the
-// one-node kernels (Note [Small heads]).
+// Multi-head attention's checks and what decides its path: the arguments
+// against each other (and against a module's options) and the masks
+// resolved once per batch entry (select_multi_head in select.cpp chooses).
 
 #include <d2l/multi_head_attention.h>
 
@@ -49,47 +48,14 @@ void check_module_inputs(const char* fn, const MultiHeadAttentionOptions& option
   check_same_dtype(fn, "W_q.weight", W_q, "queries", queries);
 }
 
-// Why the heads of this call do not run as one node (Note [Small heads]), or
-// empty when they do.
-std::string why_not_small_heads(const torch::Tensor& queries, const torch::Tensor& keys,
-                                const functional::MultiHeadAttentionFuncOptions& o,
-                                const ResolvedMask& mask) {
-  const auto backend = o.backend();
-  if (backend == AttentionBackend::kComposite) {
-    return "AttentionBackend::kComposite asks for the book's ops";
-  }
-  if (backend == AttentionBackend::kSdpa) return "AttentionBackend::kSdpa asks for SDPA per head";
-  if (!queries.device().is_cpu()) {
-    return fmt::format("tensors on {} (the kernels run on the CPU)", queries.device().str());
-  }
-  if (mask.allowed.defined()) {
-    return mask.general_because + " (the kernels mask by lengths)";
-  }
-  const auto type = queries.scalar_type();
-  if (type != torch::kFloat && type != torch::kDouble) {
-    return fmt::format("dtype {} (the kernels run in float or double)", c10::toString(type));
-  }
-  const int64_t n = queries.size(1), m = keys.size(1);
-  if (queries.size(0) == 0 || n == 0 || m == 0) return "a size is zero";
-  const int64_t d = o.W_q().size(0) / o.num_heads();
-  if (!small_heads(n, m, d)) {
-    return fmt::format(
-        "heads of {} queries x {} keys x {} features (the kernels take up to 64 x 64 pairs "
-        "with at most 16 features, 32 x 32 with more)",
-        n, m, d);
-  }
-  return {};
-}
-
 }  // namespace
 
-// functional::multi_head_attention's checks, with messages naming `fn` (the
-// function or the module that was called; a module passes its options,
-// checked after the inputs' own shapes), and its plan.
-MultiHeadPlan plan_multi_head_attention(
-    const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
-    const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& valid_lens,
-    const functional::MultiHeadAttentionFuncOptions& o, bool explain) {
+MultiHeadParams checked_multi_head_params(const char* fn,
+                                          const MultiHeadAttentionOptions* module_options,
+                                          const torch::Tensor& queries, const torch::Tensor& keys,
+                                          const torch::Tensor& values,
+                                          const functional::MultiHeadAttentionFuncOptions& o) {
+  const auto& valid_lens = o.valid_lens();
   check_strided_layout(fn, "queries", queries);
   check_strided_layout(fn, "keys", keys);
   check_strided_layout(fn, "values", values);
@@ -115,48 +81,36 @@ MultiHeadPlan plan_multi_head_attention(
   check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
   check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
   check_dropout(fn, o.dropout());
-  Masks masks{o.key_padding_mask(), o.attn_mask(), o.is_causal()};
-  check_masks(fn, masks, queries, keys, heads);
+  check_masks(fn, o.mask(), queries, keys, heads);
   const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
-  MultiHeadPlan plan;
-  plan.heads = heads;
+  MultiHeadParams params;
+  params.queries = queries;
+  params.keys = keys;
+  params.values = values;
+  params.heads = heads;
+  params.head_features = h / heads;
+  params.backend = o.backend();
+  params.dropout = o.dropout();
+  params.training = o.training();
+  params.need_weights = o.need_weights();
   // Head b * heads + i belongs to batch element b. The masks resolve once per
-  // batch element, unless attn_mask gives each head its own; then every
-  // length and mask row is repeated per head first.
-  plan.mask_per_head =
-      heads > 1 && masks.attn_mask.dim() == 3 && masks.attn_mask.size(0) == batch * heads;
-  auto lens = valid_lens;
-  if (plan.mask_per_head) {
-    lens = valid_lens.defined() ? valid_lens.repeat_interleave(heads, 0) : valid_lens;
+  // batch element, unless attn_mask gives each head its own; then the
+  // lengths and the key-padding rows are repeated per head first.
+  const auto& am = o.attn_mask();
+  params.mask_per_head = heads > 1 && am.defined() && am.dim() == 3 && am.size(0) == batch * heads;
+  if (params.mask_per_head) {
+    auto per_head = o.mask();
+    const auto repeat = [heads](const torch::Tensor& t) {
+      return t.defined() ? t.repeat_interleave(heads, 0) : t;
+    };
+    per_head.valid_lens(repeat(valid_lens)).key_padding_mask(repeat(o.key_padding_mask()));
     // Repeating the lengths keeps their range: the check above stands for them.
-    if (range && range->on_host.defined()) {
-      range->on_host = range->on_host.repeat_interleave(heads, 0);
-    }
-    if (masks.key_padding_mask.defined()) {
-      masks.key_padding_mask = masks.key_padding_mask.repeat_interleave(heads, 0);
-    }
+    if (range && range->on_host.defined()) range->on_host = repeat(range->on_host);
+    params.mask = resolve_masks(fn, per_head, range, batch * heads, n, m, queries.device());
+  } else {
+    params.mask = resolve_masks(fn, o.mask(), range, batch, n, m, queries.device());
   }
-  plan.mask = resolve_masks(fn, lens, range, masks, plan.mask_per_head ? batch * heads : batch, n,
-                            m, queries.device());
-  const auto why = why_not_small_heads(queries, keys, o, plan.mask);
-  plan.small = why.empty();
-  if (!plan.small && explain) plan.reasons.push_back("small_heads: " + why);
-  return plan;
-}
-
-// The plan's masks for the per-head paths: one row per head.
-ResolvedMask per_head_mask(const MultiHeadPlan& plan) {
-  auto mask = plan.mask;
-  if (plan.mask_per_head) return mask;
-  const auto repeat = [&](const torch::Tensor& t) {
-    return t.defined() ? t.repeat_interleave(plan.heads, /*dim=*/0) : t;
-  };
-  mask.lens = repeat(mask.lens);
-  mask.allowed = repeat(mask.allowed);
-  if (mask.range && mask.range->on_host.defined()) {
-    mask.range->on_host = repeat(mask.range->on_host);
-  }
-  return mask;
+  return params;
 }
 
 }  // namespace d2l::detail

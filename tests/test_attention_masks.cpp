@@ -322,7 +322,7 @@ TEST(AttentionMasks, ModuleForwardMasked) {
   d2l::DotProductAttention attention(0.0);
   const auto q = torch::randn({2, 4, 8}), k = torch::randn({2, 6, 8}), v = torch::randn({2, 6, 3});
   const auto mask = AttentionMask().is_causal(true).key_padding_mask(torch::rand({2, 6}) < 0.3);
-  const auto out = attention->forward_masked(q, k, v, mask);
+  const auto out = attention->forward(q, k, v, mask);
   const auto [expected, weights] =
       F::dot_product_attention(q, k, v, F::DotProductAttentionFuncOptions().mask(mask));
   EXPECT_TRUE(torch::equal(out, expected));

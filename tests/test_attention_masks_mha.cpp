@@ -116,17 +116,17 @@ TEST(MultiHeadAttentionMasks, PrefixMasksReachTheFusedKernels) {
   const auto x = torch::randn({kB, kM, kE}, torch::requires_grad());
   const auto lens = torch::tensor({6, 2, 4});
   const auto prefix = torch::arange(kM).view({1, kM}) >= lens.view({kB, 1});
-  const auto by_mask = attention->forward_masked(x, x, x, AttentionMask().key_padding_mask(prefix));
+  const auto by_mask = attention->forward(x, x, x, AttentionMask().key_padding_mask(prefix));
   EXPECT_TRUE(ran_fused(by_mask));
   EXPECT_TRUE(torch::equal(by_mask, attention->forward(x, x, x, lens)));
-  const auto causal = attention->forward_masked(x, x, x, AttentionMask().is_causal(true));
+  const auto causal = attention->forward(x, x, x, AttentionMask().is_causal(true));
   EXPECT_TRUE(ran_fused(causal));
   const auto book = attention->forward(x, x, x, torch::arange(1, kM + 1).repeat({kB, 1}));
   EXPECT_TRUE(ran_fused(book));
   EXPECT_TRUE(torch::equal(causal, book));
   auto holes = prefix.clone();
   holes.index_put_({0, 0}, true);
-  EXPECT_FALSE(ran_fused(attention->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));
+  EXPECT_FALSE(ran_fused(attention->forward(x, x, x, AttentionMask().key_padding_mask(holes))));
 }
 
 TEST(MultiHeadAttentionMasks, FunctionalFormTakesTheMasks) {
@@ -138,13 +138,13 @@ TEST(MultiHeadAttentionMasks, FunctionalFormTakesTheMasks) {
   const auto am = torch::rand({kB, kN, kN}) < 0.3;  // (B, n, m): repeated for each head
   const auto mask = AttentionMask().key_padding_mask(kp).attn_mask(am).is_causal(true);
   const auto [out, weights] = F::multi_head_attention(
-      x, x, x, {},
+      x, x, x,
       F::MultiHeadAttentionFuncOptions(kHeads, attention->W_q->weight, attention->W_k->weight,
                                        attention->W_v->weight, attention->W_o->weight)
           .key_padding_mask(kp)
           .attn_mask(am)
           .is_causal(true));
-  EXPECT_TRUE(torch::equal(out, attention->forward_masked(x, x, x, mask)));
+  EXPECT_TRUE(torch::equal(out, attention->forward(x, x, x, mask)));
   EXPECT_TRUE(torch::equal(weights, attention->attention->attention_weights));
   // Each head of entry b saw entry b's mask.
   const auto per_head = weights.view({kB, kHeads, kN, kN});
@@ -159,7 +159,7 @@ TEST(MultiHeadAttentionMasks, BadMasksNameTheModuleArgumentAndShapes) {
   d2l::MultiHeadAttention attention(kE, kE, kE, kE, kHeads, 0.0);
   const auto q = torch::randn({kB, kN, kE}), kv = torch::randn({kB, kM, kE});
   auto msg = error_message([&] {
-    attention->forward_masked(q, kv, kv,
+    attention->forward(q, kv, kv,
                               AttentionMask().attn_mask(torch::zeros({kB * 2, kN, kM}, torch::kBool)));
   });
   EXPECT_THAT(msg, HasSubstr("d2l::MultiHeadAttention: attn_mask must be a torch::kBool tensor of "
@@ -168,24 +168,24 @@ TEST(MultiHeadAttentionMasks, BadMasksNameTheModuleArgumentAndShapes) {
   // A 0-dim mask is ours to refuse, not ATen's "Dimension specified as 0".
   for (const auto& mask : {AttentionMask().attn_mask(torch::tensor(true)),
                            AttentionMask().key_padding_mask(torch::tensor(true))}) {
-    msg = error_message([&] { attention->forward_masked(q, kv, kv, mask); });
+    msg = error_message([&] { attention->forward(q, kv, kv, mask); });
     EXPECT_THAT(msg, HasSubstr("d2l::MultiHeadAttention: "));
     EXPECT_THAT(msg, HasSubstr("must be a torch::kBool tensor of shape"));
     EXPECT_THAT(msg, HasSubstr("got Bool []"));
   }
   msg = error_message([&] {
-    attention->forward_masked(q, kv, kv,
+    attention->forward(q, kv, kv,
                               AttentionMask().key_padding_mask(torch::zeros({kB, kN}, torch::kBool)));
   });
   EXPECT_THAT(msg, HasSubstr("d2l::MultiHeadAttention: key_padding_mask must be a torch::kBool "
                              "tensor of shape [3, 6]"));
   msg = error_message(
-      [&] { attention->forward_masked(kv, q, q, AttentionMask().is_causal(true)); });
+      [&] { attention->forward(kv, q, q, AttentionMask().is_causal(true)); });
   EXPECT_THAT(msg, HasSubstr("d2l::MultiHeadAttention: is_causal"));
   EXPECT_THAT(msg, HasSubstr("got queries [3, 6, 16] and keys [3, 5, 16]"));
   msg = error_message([&] {
     F::multi_head_attention(
-        q, kv, kv, {},
+        q, kv, kv,
         F::MultiHeadAttentionFuncOptions(kHeads, attention->W_q->weight, attention->W_k->weight,
                                          attention->W_v->weight, attention->W_o->weight)
             .key_padding_mask(torch::zeros({kB, kM}, torch::kInt)));

@@ -1,5 +1,6 @@
-// The names of 0.2 kept for one minor version as deprecated aliases
-// (docs/api.md, "Deprecated names"): they still compile and do what they did.
+// The names of 0.2 and 0.3 kept for one minor version as deprecated aliases
+// (docs/api.md, "Deprecated names"): they still compile and do what they did,
+// beside the call that replaces each.
 
 // This file uses them on purpose.
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -14,6 +15,9 @@
 #include "test_utils.h"
 
 namespace {
+
+using d2l::testing::error_message;
+using ::testing::HasSubstr;
 
 TEST(Deprecated, PathIsAttentionBackend) {
   static_assert(std::is_same_v<d2l::Path, d2l::AttentionBackend>);
@@ -65,6 +69,45 @@ TEST(Deprecated, PositionalFunctionalFormsMatchTheFuncOptions) {
                              F::additive_scores(pq, pk, w_v,
                                                 F::AdditiveScoresFuncOptions().backend(backend))));
   }
+}
+
+// 0.3's forward_masked and the positional valid_lens of the multi-head
+// functional form, beside the one mask argument that replaces them.
+TEST(Deprecated, OldAndNewMaskCallsCompileSideBySideAndAgree) {
+  namespace F = d2l::functional;
+  using d2l::AttentionMask;
+  torch::manual_seed(6);
+  const auto q = torch::randn({2, 3, 8}), kv = torch::randn({2, 5, 8});
+  const auto lens = torch::tensor({2, 5});
+  const auto kp = torch::tensor({{false, true, false, true, true}, {false, false, false, false, true}});
+  const auto mask = AttentionMask().valid_lens(lens).key_padding_mask(kp);
+
+  d2l::DotProductAttention dot(0.0);
+  EXPECT_TRUE(torch::equal(dot->forward_masked(q, kv, kv, mask), dot->forward(q, kv, kv, mask)));
+  // The book's call: a lengths tensor is the mask.
+  EXPECT_TRUE(torch::equal(dot(q, kv, kv, lens), dot->forward(q, kv, kv, AttentionMask(lens))));
+
+  d2l::MultiHeadAttention mha(8, 8, 8, 8, 2, 0.0);
+  EXPECT_TRUE(torch::equal(mha->forward_masked(q, kv, kv, mask), mha->forward(q, kv, kv, mask)));
+  EXPECT_TRUE(torch::equal(mha(q, kv, kv, lens), mha->forward(q, kv, kv, AttentionMask(lens))));
+
+  const auto o = F::MultiHeadAttentionFuncOptions(2, mha->W_q->weight, mha->W_k->weight,
+                                                  mha->W_v->weight, mha->W_o->weight)
+                     .key_padding_mask(kp);
+  const auto [old_out, old_weights] = F::multi_head_attention(q, kv, kv, lens, o);
+  const auto [new_out, new_weights] =
+      F::multi_head_attention(q, kv, kv, F::MultiHeadAttentionFuncOptions(o).valid_lens(lens));
+  EXPECT_TRUE(torch::equal(old_out, new_out) && torch::equal(old_weights, new_weights));
+  EXPECT_TRUE(torch::equal(new_out, mha->forward(q, kv, kv, mask)));
+  EXPECT_EQ(d2l::explain_path(q, kv, kv, lens, o).to_string(),
+            d2l::explain_path(q, kv, kv, F::MultiHeadAttentionFuncOptions(o).valid_lens(lens))
+                .to_string());
+  // Lengths in both places are refused, not silently chosen between.
+  EXPECT_THAT(error_message([&] {
+                F::multi_head_attention(q, kv, kv, lens,
+                                        F::MultiHeadAttentionFuncOptions(o).valid_lens(lens));
+              }),
+              HasSubstr("d2l::multi_head_attention: valid lengths given twice"));
 }
 
 }  // namespace

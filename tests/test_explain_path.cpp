@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "path.h"
+#include "select_helpers.h"
 #include "test_utils.h"
 
 namespace {
@@ -154,8 +154,7 @@ TEST(ExplainPath, DotProductDecisionTableOffTheCpu) {
   using d2l::detail::DotProductPath;
   const auto q = torch::empty({2, 3, 4}, torch::kMeta), k = torch::empty({2, 5, 4}, torch::kMeta);
   std::vector<std::string> reasons;
-  EXPECT_EQ(d2l::detail::choose_dot_product_path("f", AttentionBackend::kAuto, q, k, k, 0, false,
-                                                 false, {}, &reasons),
+  EXPECT_EQ(d2l::testing::select_dot("f", AttentionBackend::kAuto, q, k, 0, false, false, &reasons),
             DotProductPath::kComposite);
   const std::string off = "tensors on meta (the fused kernels run on the CPU)";
   const std::string sdpa =
@@ -165,13 +164,11 @@ TEST(ExplainPath, DotProductDecisionTableOffTheCpu) {
                         d2l::torch_version());
   EXPECT_THAT(reasons, ElementsAre(sdpa, "flash: " + off, "fused_softmax: " + off));
   reasons.clear();
-  EXPECT_EQ(d2l::detail::choose_dot_product_path("f", AttentionBackend::kComposite, q, k, k, 0,
-                                                 false, true, {}, &reasons),
+  EXPECT_EQ(d2l::testing::select_dot("f", AttentionBackend::kComposite, q, k, 0, false, true, &reasons),
             DotProductPath::kComposite);
   EXPECT_EQ(reasons.size(), 3u);
   EXPECT_THAT(error_message([&] {
-                d2l::detail::choose_dot_product_path("f", AttentionBackend::kFused, q, k, k, 0,
-                                                     false, true);
+                d2l::testing::select_dot("f", AttentionBackend::kFused, q, k, 0, false, true);
               }),
               HasSubstr("f: AttentionBackend::kFused runs on the CPU, got tensors on meta; set "
                         "the backend to AttentionBackend::kAuto"));
@@ -289,7 +286,7 @@ TEST(ExplainPath, AdditiveDecisionTableOffTheCpuAndForItsParts) {
   const auto cpu = torch::randn({2, 3, 6});
   auto choose = [](AttentionBackend backend, const torch::Tensor& q, double dropout, bool training,
                    AdditiveStage stage, std::vector<std::string>* reasons) {
-    return d2l::detail::choose_additive_path("f", backend, q, dropout, training, stage, reasons);
+    return d2l::testing::select_additive("f", backend, q, dropout, training, stage, reasons);
   };
   const std::string off = "tensors on meta (the fused kernels run on the CPU)";
   std::vector<std::string> reasons;

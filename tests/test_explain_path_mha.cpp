@@ -121,7 +121,7 @@ TEST(ExplainPathMultiHead, MasksSizesAndTheFunctionalForm) {
   namespace F = d2l::functional;
   const auto o = F::MultiHeadAttentionFuncOptions(2, attention->W_q->weight, attention->W_k->weight,
                                                   attention->W_v->weight, attention->W_o->weight);
-  const auto functional = d2l::explain_path(x, x, x, torch::Tensor(), o);
+  const auto functional = d2l::explain_path(x, x, x, o);
   EXPECT_EQ(functional.op, "d2l::multi_head_attention");
   EXPECT_EQ(functional.path, "small_heads");
   EXPECT_EQ(functional.to_string(), "d2l::multi_head_attention (backend auto): small_heads");

@@ -97,7 +97,7 @@ TEST(Modules, DefaultArgumentsWorkInsideContainers) {
   torch::nn::AnyModule any_dot(d2l::DotProductAttention(0.0));
   const auto q = torch::randn({2, 1, 2}), k = torch::randn({2, 5, 2}), v = torch::randn({2, 5, 3});
   EXPECT_EQ(any_dot.forward(q, k, v).sizes(), (std::vector<int64_t>{2, 1, 3}));
-  EXPECT_EQ(any_dot.forward(q, k, v, torch::tensor({1, 2})).sizes(),
+  EXPECT_EQ(any_dot.forward(q, k, v, d2l::AttentionMask(torch::tensor({1, 2}))).sizes(),
             (std::vector<int64_t>{2, 1, 3}));
 
   torch::nn::ModuleList list;

@@ -124,15 +124,16 @@ TEST(MultiHeadAttention, ForwardIsTheFunctionalFormWithTheModuleWeights) {
     torch::manual_seed(5);
     const auto out = m(q, k, v, lens);
     torch::manual_seed(5);
-    const auto [f_out, f_weights] = F::multi_head_attention(q, k, v, lens, o.training(training));
+    const auto [f_out, f_weights] = F::multi_head_attention(q, k, v, o.valid_lens(lens).training(training));
     EXPECT_TRUE(torch::equal(out, f_out)) << "training=" << training;
     EXPECT_TRUE(torch::equal(m->attention->attention_weights, f_weights)) << training;
   }
   EXPECT_FALSE(
-      std::get<1>(F::multi_head_attention(q, k, v, lens, o.need_weights(false))).defined());
+      std::get<1>(F::multi_head_attention(q, k, v, o.valid_lens(lens).need_weights(false)))
+          .defined());
   const std::string fn = "d2l::multi_head_attention: ";
   auto error = [&](F::MultiHeadAttentionFuncOptions bad) {
-    return error_message([&] { F::multi_head_attention(q, k, v, lens, bad); });
+    return error_message([&] { F::multi_head_attention(q, k, v, bad.valid_lens(lens)); });
   };
   EXPECT_THAT(error(o.W_o(torch::randn({6, 5}))),
               HasSubstr(fn + "W_o must have shape [6, 6], got [6, 5]"));
@@ -187,7 +188,9 @@ TEST(MultiHeadAttention, CloneSaveLoadAndContainers) {
 
   torch::nn::AnyModule any(loaded);
   EXPECT_EQ(any.forward(q, k, v).sizes(), (std::vector<int64_t>{2, 1, 6}));
-  EXPECT_EQ(any.forward(q, k, v, torch::tensor({1, 4})).sizes(), (std::vector<int64_t>{2, 1, 6}));
+  // AnyModule takes the mask as it is declared: an AttentionMask.
+  EXPECT_EQ(any.forward(q, k, v, d2l::AttentionMask(torch::tensor({1, 4}))).sizes(),
+            (std::vector<int64_t>{2, 1, 6}));
 }
 
 TEST(MultiHeadAttention, RunsOnCudaWhenAvailable) {

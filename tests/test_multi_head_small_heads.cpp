@@ -213,7 +213,7 @@ TEST(SmallHeadsNode, LargerHeadsGeneralMasksAndOtherTypesTakeOtherPaths) {
   auto holes = torch::zeros({2, 24}, torch::kBool);
   holes.index_put_({0, 0}, true);
   EXPECT_FALSE(
-      small_heads_node(narrow->forward_masked(x, x, x, AttentionMask().key_padding_mask(holes))));
+      small_heads_node(narrow->forward(x, x, x, AttentionMask().key_padding_mask(holes))));
   d2l::MultiHeadAttention composite(
       d2l::MultiHeadAttentionOptions(8, 8, 8, 8, 2).backend(AttentionBackend::kComposite));
   EXPECT_FALSE(small_heads_node(composite(x, x, x, torch::Tensor())));

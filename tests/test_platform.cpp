@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "masked_softmax_internal.h"
-#include "path.h"
+#include "select_helpers.h"
 #include "platform_helpers.h"
 #include "test_utils.h"
 
@@ -128,8 +128,7 @@ TEST(Platform, AutoChoosesFlashOnTheCpuWhereNoDropoutIsDrawn) {
   using d2l::detail::DotProductPath;
   auto choose = [](AttentionBackend path, const torch::Tensor& q, const torch::Tensor& k,
                    double dropout, bool training, bool need_weights) {
-    return d2l::detail::choose_dot_product_path("test", path, q, k, k, dropout, training,
-                                                need_weights);
+    return d2l::testing::select_dot("test", path, q, k, dropout, training, need_weights);
   };
   const auto q = torch::randn({1, 2, 4}), k = torch::randn({1, 3000, 4});
   const auto q_grad = q.clone().requires_grad_();

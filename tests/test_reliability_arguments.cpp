@@ -125,7 +125,7 @@ TEST(ReliabilityArguments, MultiHeadAttention) {
   const auto Wq = torch::randn({8, 6}), Wk = torch::randn({8, 5}), Wv = torch::randn({8, 7}),
              Wo = torch::randn({8, 8});
   const std::string f = "d2l::multi_head_attention";
-  const auto run = [&](const Options& o) { multi_head_attention(q, k, v, lens, o); };
+  const auto run = [&](Options o) { multi_head_attention(q, k, v, o.valid_lens(lens)); };
   add_layout_cases(cases, f, "W_q", Wq,
                    [&](const torch::Tensor& t) { run(Options(2, t, Wk, Wv, Wo)); });
   add_layout_cases(cases, f, "W_k", Wk,

@@ -8,6 +8,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <d2l/attention_mask.h>
 #include <d2l/backend.h>
 
 #include <tuple>
@@ -64,14 +65,15 @@ torch::Tensor additive_scores(const torch::Tensor& projected_queries,
 /// The weights and settings of functional::additive_attention, as LibTorch's
 /// F::MultiheadAttentionForwardFuncOptions: the weights of the three
 /// bias-free Linear layers in the constructor, W_q (h, query_size), W_k (h,
-/// key_size) and w_v (1, h); the rest optional.
-struct AdditiveAttentionFuncOptions {
+/// key_size) and w_v (1, h); the rest optional. The mask (`mask`, or
+/// `valid_lens`, `key_padding_mask`, `attn_mask` and `is_causal` one by one)
+/// is AttentionMask's: masks that are lengths run the fused kernels, others
+/// the chunked or composite path.
+struct AdditiveAttentionFuncOptions : AttentionMaskArgs<AdditiveAttentionFuncOptions> {
   AdditiveAttentionFuncOptions(torch::Tensor W_q, torch::Tensor W_k, torch::Tensor w_v);
   TORCH_ARG(torch::Tensor, W_q);
   TORCH_ARG(torch::Tensor, W_k);
   TORCH_ARG(torch::Tensor, w_v);
-  /// Valid lengths, (B) or (B, n); undefined: every key is valid.
-  TORCH_ARG(torch::Tensor, valid_lens) = {};
   /// Probability of zeroing an attention weight when `training`; in [0, 1].
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, training) = false;
@@ -143,22 +145,24 @@ class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl>
   /// missing or extra one, is a c10::Error and nothing is loaded.
   void load(torch::serialize::InputArchive& archive) override;
 
+  /// The book's `forward(queries, keys, values, valid_lens)`; `mask` is the
+  /// valid lengths or any AttentionMask.
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
-                        const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+                        const torch::Tensor& values, const AttentionMask& mask = {});
 
   /// forward, returning (output, weights (B, n, m) before dropout, with their
   /// graph) and leaving `attention_weights` alone, as LibTorch's
   /// MultiheadAttention::forward returns (attn_output, attn_output_weights).
   /// Safe to call from many threads at once.
-  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
-      const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-      const torch::Tensor& valid_lens = {});
+  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(const torch::Tensor& queries,
+                                                                const torch::Tensor& keys,
+                                                                const torch::Tensor& values,
+                                                                const AttentionMask& mask = {});
 
   /// Which path forward takes for these inputs in the module's mode, and why
   /// (explain_path with the module's weights, dropout and options).
   PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values,
-                               const torch::Tensor& valid_lens = {}) const;
+                               const torch::Tensor& values, const AttentionMask& mask = {}) const;
 
   AdditiveAttentionOptions options;
   torch::nn::Linear W_k{nullptr};
@@ -176,7 +180,7 @@ class AdditiveAttentionImpl : public torch::nn::Cloneable<AdditiveAttentionImpl>
   torch::Tensor attention_weights;
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
+  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(AttentionMask())})
 };
 TORCH_MODULE(AdditiveAttention);
 

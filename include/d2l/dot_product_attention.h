@@ -40,18 +40,10 @@ struct DotProductAttentionOptions {
 namespace functional {
 
 /// The settings of functional::dot_product_attention, as LibTorch's
-/// F::MultiheadAttentionForwardFuncOptions: every field optional.
-struct DotProductAttentionFuncOptions {
-  /// Valid lengths, (B) or (B, n), of any integer dtype (or floating holding
-  /// whole numbers); undefined: every key is valid.
-  TORCH_ARG(torch::Tensor, valid_lens) = {};
-  /// torch::kBool (B, m), true at padding keys (AttentionMask::key_padding_mask).
-  TORCH_ARG(torch::Tensor, key_padding_mask) = {};
-  /// torch::kBool (n, m) or (B, n, m), true where a query may not see a key
-  /// (AttentionMask::attn_mask; the opposite of SDPA's boolean mask).
-  TORCH_ARG(torch::Tensor, attn_mask) = {};
-  /// Query i sees keys j <= i + m - n (AttentionMask::is_causal).
-  TORCH_ARG(bool, is_causal) = false;
+/// F::MultiheadAttentionForwardFuncOptions: every field optional. The mask
+/// (`mask`, or `valid_lens`, `key_padding_mask`, `attn_mask` and `is_causal`
+/// one by one) is AttentionMask's.
+struct DotProductAttentionFuncOptions : AttentionMaskArgs<DotProductAttentionFuncOptions> {
   /// Probability of zeroing an attention weight when `training`; in [0, 1].
   TORCH_ARG(double, dropout) = 0.0;
   TORCH_ARG(bool, training) = false;
@@ -61,15 +53,6 @@ struct DotProductAttentionFuncOptions {
   /// Whether to return the weights. Off, no (B, n, m) tensor is made on the
   /// CPU, and AttentionBackend::kAuto may run LibTorch's SDPA on CUDA.
   TORCH_ARG(bool, need_weights) = true;
-
- public:
-  /// Sets valid_lens, key_padding_mask, attn_mask and is_causal from `mask`.
-  DotProductAttentionFuncOptions& mask(const AttentionMask& mask) {
-    return valid_lens(mask.valid_lens())
-        .key_padding_mask(mask.key_padding_mask())
-        .attn_mask(mask.attn_mask())
-        .is_causal(mask.is_causal());
-  }
 };
 
 /// Scaled dot-product attention, softmax(Q Kᵀ / √d) V, masked by
@@ -123,34 +106,31 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
   /// missing or extra one, is a c10::Error and nothing is loaded.
   void load(torch::serialize::InputArchive& archive) override;
 
+  /// The book's `forward(queries, keys, values, valid_lens)`; `mask` is the
+  /// valid lengths or any AttentionMask.
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
-                        const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+                        const torch::Tensor& values, const AttentionMask& mask = {});
 
   /// forward, returning (output, weights (B, n, m) before dropout, with their
   /// graph) and leaving `attention_weights` alone, as LibTorch's
   /// MultiheadAttention::forward returns (attn_output, attn_output_weights).
   /// Safe to call from many threads at once.
-  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
-      const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-      const torch::Tensor& valid_lens = {});
-
-  /// forward with LibTorch's masks beside the book's lengths (AttentionMask).
-  torch::Tensor forward_masked(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values, const AttentionMask& mask);
-
-  /// forward_with_weights with LibTorch's masks beside the book's lengths.
   std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(const torch::Tensor& queries,
                                                                 const torch::Tensor& keys,
                                                                 const torch::Tensor& values,
-                                                                const AttentionMask& mask);
+                                                                const AttentionMask& mask = {});
+
+  /// forward's name for masks in 0.3, kept for one minor version.
+  [[deprecated("forward takes the AttentionMask: forward(q, k, v, mask)")]] torch::Tensor
+  forward_masked(const torch::Tensor& queries, const torch::Tensor& keys,
+                 const torch::Tensor& values, const AttentionMask& mask) {
+    return forward(queries, keys, values, mask);
+  }
 
   /// Which path forward takes for these inputs in the module's mode, and why
   /// (explain_path with the module's dropout and options).
   PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values,
-                               const torch::Tensor& valid_lens = {}) const;
-  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values, const AttentionMask& mask) const;
+                               const torch::Tensor& values, const AttentionMask& mask = {}) const;
 
   DotProductAttentionOptions options;
   torch::nn::Dropout dropout{nullptr};
@@ -165,7 +145,7 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
   torch::Tensor attention_weights;
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
+  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(AttentionMask())})
 };
 TORCH_MODULE(DotProductAttention);
 

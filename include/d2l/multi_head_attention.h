@@ -61,8 +61,11 @@ namespace functional {
 /// The weights and settings of functional::multi_head_attention. The four
 /// projections are given as Linear weights (out_features, in_features):
 /// W_q (h, query_size), W_k (h, key_size), W_v (h, value_size), W_o (h, h),
-/// with h = num_hiddens; biases are (h) or undefined (no bias).
-struct MultiHeadAttentionFuncOptions {
+/// with h = num_hiddens; biases are (h) or undefined (no bias). The mask
+/// (`mask`, or `valid_lens`, `key_padding_mask`, `attn_mask` and `is_causal`
+/// one by one) is AttentionMask's, whose attn_mask may also be (B *
+/// num_heads, n, m), one per head, as torch::nn::MultiheadAttention's.
+struct MultiHeadAttentionFuncOptions : AttentionMaskArgs<MultiHeadAttentionFuncOptions> {
   MultiHeadAttentionFuncOptions(int64_t num_heads, torch::Tensor W_q, torch::Tensor W_k,
                                 torch::Tensor W_v, torch::Tensor W_o);
   /// Number of heads; h must be a multiple of it.
@@ -86,13 +89,6 @@ struct MultiHeadAttentionFuncOptions {
   /// runs heads past small_heads' sizes on the flash kernel without them on
   /// the CPU, and SDPA on CUDA).
   TORCH_ARG(bool, need_weights) = true;
-  /// torch::kBool (B, m), true at padding keys (AttentionMask::key_padding_mask).
-  TORCH_ARG(torch::Tensor, key_padding_mask) = {};
-  /// torch::kBool (n, m), (B, n, m) or (B * num_heads, n, m), true where a
-  /// query may not see a key, as torch::nn::MultiheadAttention's attn_mask.
-  TORCH_ARG(torch::Tensor, attn_mask) = {};
-  /// Query i sees keys j <= i + m - n (AttentionMask::is_causal).
-  TORCH_ARG(bool, is_causal) = false;
 
  public:
   /// The `backend` option's name in 0.2, kept for one minor version.
@@ -107,14 +103,29 @@ struct MultiHeadAttentionFuncOptions {
 
 /// The book's multi-head attention: project queries (B, n, query_size), keys
 /// (B, m, key_size) and values (B, m, value_size), split the h features into
-/// num_heads heads, run dot-product attention per head with `valid_lens` ((B)
-/// or (B, n)) repeated for each head, join the heads and project by W_o.
-/// LibTorch's masks in `options` narrow what `valid_lens` allows (AttentionMask).
+/// num_heads heads, run dot-product attention per head with the mask of
+/// `options` (the book's valid_lens, (B) or (B, n), and LibTorch's masks:
+/// AttentionMask) for each head, join the heads and project by W_o.
 /// Returns (output (B, n, h), per-head attention_weights (B * num_heads, n, m),
 /// undefined when `need_weights` is false).
 std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-    const torch::Tensor& valid_lens, const MultiHeadAttentionFuncOptions& options);
+    const MultiHeadAttentionFuncOptions& options);
+
+/// The positional valid_lens of 0.3, kept for one minor version; lengths given
+/// both here and in `options` are refused.
+[[deprecated(
+    "the valid lengths are an option: functional::multi_head_attention(q, k, v, "
+    "options.valid_lens(l))")]] inline std::tuple<torch::Tensor, torch::Tensor>
+multi_head_attention(const torch::Tensor& queries, const torch::Tensor& keys,
+                     const torch::Tensor& values, const torch::Tensor& valid_lens,
+                     MultiHeadAttentionFuncOptions options) {
+  TORCH_CHECK(!valid_lens.defined() || !options.valid_lens().defined(),
+              "d2l::multi_head_attention: valid lengths given twice, as the positional valid_lens "
+              "and in options.valid_lens(); give them once, in the options");
+  if (valid_lens.defined()) options.valid_lens(valid_lens);
+  return multi_head_attention(queries, keys, values, options);
+}
 
 }  // namespace functional
 
@@ -127,8 +138,21 @@ std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
 /// among the reasons. The same checks and errors as the call, without
 /// computing anything.
 PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                             const torch::Tensor& values, const torch::Tensor& valid_lens,
+                             const torch::Tensor& values,
                              const functional::MultiHeadAttentionFuncOptions& options);
+
+/// The positional valid_lens of 0.3, kept for one minor version.
+[[deprecated(
+    "the valid lengths are an option: explain_path(q, k, v, "
+    "options.valid_lens(l))")]] inline PathExplanation
+explain_path(const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
+             const torch::Tensor& valid_lens, functional::MultiHeadAttentionFuncOptions options) {
+  TORCH_CHECK(!valid_lens.defined() || !options.valid_lens().defined(),
+              "d2l::multi_head_attention: valid lengths given twice, as the positional valid_lens "
+              "and in options.valid_lens(); give them once, in the options");
+  if (valid_lens.defined()) options.valid_lens(valid_lens);
+  return explain_path(queries, keys, values, options);
+}
 
 /// d2l's `MultiHeadAttention`: queries (B, n, query_size), keys (B, m, key_size),
 /// values (B, m, value_size), valid_lens (B) or (B, n) -> (B, n, num_hiddens).
@@ -152,34 +176,31 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   /// Module::save, and num_heads beside the tensors.
   void save(torch::serialize::OutputArchive& archive) const override;
 
+  /// The book's `forward(queries, keys, values, valid_lens)`; `mask` is the
+  /// valid lengths, (B) or (B, n), or any AttentionMask.
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& keys,
-                        const torch::Tensor& values, const torch::Tensor& valid_lens = {});
+                        const torch::Tensor& values, const AttentionMask& mask = {});
 
   /// forward, returning (output, per-head weights (B * num_heads, n, m)
   /// before dropout, with their graph) and leaving attention->attention_weights
   /// alone, as LibTorch's MultiheadAttention::forward returns (attn_output,
   /// attn_output_weights). Safe to call from many threads at once.
-  std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(
-      const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
-      const torch::Tensor& valid_lens = {});
-
-  /// forward with LibTorch's masks beside the book's lengths (AttentionMask).
-  torch::Tensor forward_masked(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values, const AttentionMask& mask);
-
-  /// forward_with_weights with LibTorch's masks beside the book's lengths.
   std::tuple<torch::Tensor, torch::Tensor> forward_with_weights(const torch::Tensor& queries,
                                                                 const torch::Tensor& keys,
                                                                 const torch::Tensor& values,
-                                                                const AttentionMask& mask);
+                                                                const AttentionMask& mask = {});
+
+  /// forward's name for masks in 0.3, kept for one minor version.
+  [[deprecated("forward takes the AttentionMask: forward(q, k, v, mask)")]] torch::Tensor
+  forward_masked(const torch::Tensor& queries, const torch::Tensor& keys,
+                 const torch::Tensor& values, const AttentionMask& mask) {
+    return forward(queries, keys, values, mask);
+  }
 
   /// Which path forward takes for these inputs in the module's mode, and why
   /// (explain_path with the module's weights, dropout and options).
   PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values,
-                               const torch::Tensor& valid_lens = {}) const;
-  PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
-                               const torch::Tensor& values, const AttentionMask& mask) const;
+                               const torch::Tensor& values, const AttentionMask& mask = {}) const;
 
   /// attention->attention_weights, read safely while other threads call
   /// forward (Note [Recording attention weights] in src/attention_weights.h).
@@ -194,7 +215,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_o{nullptr};
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(torch::Tensor())})
+  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(AttentionMask())})
 };
 TORCH_MODULE(MultiHeadAttention);
 

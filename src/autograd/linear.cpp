@@ -15,6 +15,7 @@
 #include <d2l/backend.h>
 
 #include "linear.h"
+#include "select.h"
 
 namespace d2l::detail {
 namespace {
@@ -128,9 +129,7 @@ torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b) {
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
                      AttentionBackend backend) {
-  const bool bias_fits = !b.defined() || (b.dim() == 1 && b.size(0) == W.size(0) &&
-                                          b.device().is_cpu() && b.scalar_type() == W.scalar_type());
-  if (backend == AttentionBackend::kComposite || !bias_fits || !linear_splits_over_threads(x, W)) {
+  if (select_linear(x, W, b, backend) == LinearPath::kFunctional) {
     return torch::nn::functional::linear(x, W, b);
   }
   return ParallelLinearFunction::apply(x, W, b.defined() ? b : torch::empty({0}, W.options()));

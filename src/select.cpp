@@ -1,6 +1,6 @@
 // The choice of implementation for every op (Note [Choosing a path]).
 
-#include "path.h"
+#include "select.h"
 
 #include <d2l/torch_version.h>
 
@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "linear.h"
+#include "multi_head_attention_internal.h"
 
 namespace d2l {
 
@@ -37,7 +40,7 @@ bool non_empty(const torch::Tensor& queries, const torch::Tensor& keys,
 }
 
 // Appends "<path>: <why>" for each of `paths` when the caller asked why.
-void refuse(std::vector<std::string>* reasons, std::initializer_list<const char*> paths,
+void refuse(std::vector<std::string>* reasons, const std::vector<const char*>& paths,
             const std::string& why) {
   if (reasons == nullptr) return;
   for (const char* path : paths) reasons->push_back(fmt::format("{}: {}", path, why));
@@ -52,7 +55,8 @@ constexpr const char* kTrainingDropout = "dropout {} in training";
 
 }  // namespace
 
-bool use_fused(const char* fn, AttentionBackend backend, const c10::Device& device) {
+MaskedSoftmaxPath select_masked_softmax(const char* fn, AttentionBackend backend,
+                                        const c10::Device& device) {
   TORCH_CHECK(backend != AttentionBackend::kSdpa,
               fmt::format("{}: AttentionBackend::kSdpa (LibTorch's scaled_dot_product_attention) "
                           "is only for dot-product attention (DotProductAttention, "
@@ -63,7 +67,26 @@ bool use_fused(const char* fn, AttentionBackend backend, const c10::Device& devi
               fmt::format("{}: AttentionBackend::kFused runs on the CPU, got tensors on {}; set "
                           "the backend to AttentionBackend::kAuto to pick a path for the device",
                           fn, device.str()));
-  return backend != AttentionBackend::kComposite && device.is_cpu();
+  return backend != AttentionBackend::kComposite && device.is_cpu() ? MaskedSoftmaxPath::kFused
+                                                                    : MaskedSoftmaxPath::kComposite;
+}
+
+namespace {
+
+bool use_fused(const char* fn, AttentionBackend backend, const c10::Device& device) {
+  return select_masked_softmax(fn, backend, device) == MaskedSoftmaxPath::kFused;
+}
+
+}  // namespace
+
+LinearPath select_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
+                         AttentionBackend backend) {
+  const bool bias_fits =
+      !b.defined() || (b.dim() == 1 && b.size(0) == W.size(0) && b.device().is_cpu() &&
+                       b.scalar_type() == W.scalar_type());
+  return backend != AttentionBackend::kComposite && bias_fits && linear_splits_over_threads(x, W)
+             ? LinearPath::kSplit
+             : LinearPath::kFunctional;
 }
 
 const char* to_string(DotProductPath path) {
@@ -82,16 +105,20 @@ const char* to_string(DotProductPath path) {
 // calls no BLAS, whose own thread pool fights OpenMP's (docs/api.md,
 // "Choosing a backend", and `make bench-sdpa`). On CUDA, without weights, it
 // runs LibTorch's SDPA (2.1+).
-DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
-                                       const torch::Tensor& queries, const torch::Tensor& keys,
-                                       const torch::Tensor& values, double dropout, bool training,
-                                       bool need_weights, const std::string& general_mask,
-                                       std::vector<std::string>* reasons) {
+namespace {
+
+DotProductPath choose_dot_product(const char* fn, const DotProductParams& p,
+                                  std::vector<std::string>* reasons) {
+  const auto backend = p.backend;
+  const auto& queries = p.queries;
+  const double dropout = p.dropout;
+  const bool training = p.training, need_weights = p.need_weights;
+  const auto& general_mask = p.mask.general_because;
   const bool drops = training && dropout > 0;
-  const bool empty = !non_empty(queries, keys, values);
+  const bool empty = !non_empty(queries, p.keys, p.values);
   // Empty sizes take the softmax paths, which keep the autograd graph; the
   // flash kernel draws no dropout.
-  const auto why_not_flash = [&](std::initializer_list<const char*> paths) {
+  const auto why_not_flash = [&](const std::vector<const char*>& paths) {
     if (drops)
       refuse(reasons, paths,
              fmt::format(kTrainingDropout, dropout) + " (no dropout in the kernel)");
@@ -115,8 +142,9 @@ DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
   if (use_fused(fn, backend, queries.device())) {
     if (!general_mask.empty()) {
       refuse(reasons, {"flash", "fused_softmax"},
-             general_mask + " (the fused kernels mask by lengths; the composite path applies "
-                            "the boolean mask)");
+             general_mask +
+                 " (the fused kernels mask by lengths; the composite path applies "
+                 "the boolean mask)");
       return DotProductPath::kComposite;
     }
     if (!drops && !empty) return DotProductPath::kFlash;
@@ -153,6 +181,15 @@ DotProductPath choose_dot_product_path(const char* fn, AttentionBackend backend,
   return DotProductPath::kComposite;
 }
 
+}  // namespace
+
+Selection<DotProductPath> select_dot_product(const char* fn, const DotProductParams& params,
+                                             bool explain) {
+  Selection<DotProductPath> selection{DotProductPath::kComposite, {}};
+  selection.path = choose_dot_product(fn, params, explain ? &selection.reasons : nullptr);
+  return selection;
+}
+
 const char* to_string(AdditivePath path) {
   switch (path) {
     case AdditivePath::kFusedProjections: return "fused_projections";
@@ -168,26 +205,41 @@ const char* to_string(AdditivePath path) {
 // whole op then runs on ATen's threads, with no bmm through OpenBLAS's pool
 // (docs/performance.md, "Two thread pools"); in float and double the
 // projections join its autograd node. Dropout keeps weights, dropout, bmm.
-AdditivePath choose_additive_path(const char* fn, AttentionBackend backend,
-                                  const torch::Tensor& queries, double dropout, bool training,
-                                  AdditiveStage stage, std::vector<std::string>* reasons) {
+namespace {
+
+AdditivePath choose_additive(const char* fn, const AdditiveParams& p,
+                             std::vector<std::string>* reasons) {
+  const auto backend = p.backend;
+  const auto stage = p.stage;
+  const auto& queries = p.queries;
+  const auto fused_paths = [stage]() -> std::vector<const char*> {
+    switch (stage) {
+      case AdditiveStage::kFull: return {"fused_projections", "fused_values", "fused_scores"};
+      case AdditiveStage::kProjected: return {"fused_values", "fused_scores"};
+      default: return {"fused_scores"};
+    }
+  };
   if (!use_fused(fn, backend, queries.device())) {
-    const auto why =
-        backend == AttentionBackend::kComposite ? std::string(kCompositeAsked) : off_cpu(queries);
-    if (stage == AdditiveStage::kFull) refuse(reasons, {"fused_projections"}, why);
-    if (stage != AdditiveStage::kScores) refuse(reasons, {"fused_values"}, why);
-    refuse(reasons, {"fused_scores"}, why);
+    refuse(
+        reasons, fused_paths(),
+        backend == AttentionBackend::kComposite ? std::string(kCompositeAsked) : off_cpu(queries));
     if (backend != AttentionBackend::kComposite) return AdditivePath::kChunked;
     refuse(reasons, {"chunked"}, kCompositeAsked);
     return AdditivePath::kComposite;
   }
+  if (!p.mask.general_because.empty()) {
+    refuse(reasons, fused_paths(),
+           p.mask.general_because +
+               " (the fused kernels mask by lengths; the chunked path applies the boolean mask)");
+    return AdditivePath::kChunked;
+  }
   if (stage == AdditiveStage::kScores) return AdditivePath::kFusedScores;
-  if (training && dropout > 0) {
+  if (p.training && p.dropout > 0) {
     refuse(reasons,
            stage == AdditiveStage::kFull
-               ? std::initializer_list<const char*>{"fused_projections", "fused_values"}
-               : std::initializer_list<const char*>{"fused_values"},
-           fmt::format(kTrainingDropout, dropout) + " (drawn on the weights before the values)");
+               ? std::vector<const char*>{"fused_projections", "fused_values"}
+               : std::vector<const char*>{"fused_values"},
+           fmt::format(kTrainingDropout, p.dropout) + " (drawn on the weights before the values)");
     return AdditivePath::kFusedScores;
   }
   if (stage == AdditiveStage::kProjected) {
@@ -199,6 +251,69 @@ AdditivePath choose_additive_path(const char* fn, AttentionBackend backend,
   refuse(reasons, {"fused_projections"},
          fmt::format("dtype {} (float and double only)", c10::toString(type)));
   return AdditivePath::kFusedValues;
+}
+
+// Why the heads of this call do not run as one node (Note [Small heads]), or
+// empty when they do.
+std::string why_not_small_heads(const MultiHeadParams& p) {
+  if (p.backend == AttentionBackend::kComposite) return kCompositeAsked;
+  if (p.backend == AttentionBackend::kSdpa) return "AttentionBackend::kSdpa asks for SDPA per head";
+  const auto& queries = p.queries;
+  if (!queries.device().is_cpu()) {
+    return fmt::format("tensors on {} (the kernels run on the CPU)", queries.device().str());
+  }
+  if (p.mask.allowed.defined()) return p.mask.general_because + " (the kernels mask by lengths)";
+  const auto type = queries.scalar_type();
+  if (type != torch::kFloat && type != torch::kDouble) {
+    return fmt::format("dtype {} (the kernels run in float or double)", c10::toString(type));
+  }
+  const int64_t n = queries.size(1), m = p.keys.size(1), d = p.head_features;
+  if (queries.size(0) == 0 || n == 0 || m == 0) return "a size is zero";
+  if (!small_heads(n, m, d)) {
+    return fmt::format(
+        "heads of {} queries x {} keys x {} features (the kernels take up to 64 x 64 pairs "
+        "with at most 16 features, 32 x 32 with more)",
+        n, m, d);
+  }
+  return {};
+}
+
+}  // namespace
+
+Selection<AdditivePath> select_additive(const char* fn, const AdditiveParams& params,
+                                        bool explain) {
+  Selection<AdditivePath> selection{AdditivePath::kComposite, {}};
+  selection.path = choose_additive(fn, params, explain ? &selection.reasons : nullptr);
+  return selection;
+}
+
+ResolvedMask per_head_mask(const MultiHeadParams& params) {
+  return params.mask_per_head ? params.mask : repeat_per_head(params.mask, params.heads);
+}
+
+MultiHeadSelection select_multi_head(const char* fn, const MultiHeadParams& params, bool explain) {
+  MultiHeadSelection selection;
+  const auto why = why_not_small_heads(params);
+  if (why.empty()) {
+    selection.path = MultiHeadPath::kSmallHeads;
+    return selection;
+  }
+  if (explain) selection.reasons.push_back("small_heads: " + why);
+  // The heads' shapes, without projecting anything: one element, expanded.
+  const auto& q = params.queries;
+  const int64_t batch = q.size(0) * params.heads;
+  const auto head_shaped = [&](int64_t rows) {
+    return torch::empty({1}, q.options()).expand({batch, rows, params.head_features});
+  };
+  const auto keys = head_shaped(params.keys.size(1));
+  auto inner =
+      select_dot_product(fn,
+                         {head_shaped(q.size(1)), keys, keys, per_head_mask(params), params.backend,
+                          params.dropout, params.training, params.need_weights},
+                         explain);
+  selection.per_head = inner.path;
+  selection.reasons.insert(selection.reasons.end(), inner.reasons.begin(), inner.reasons.end());
+  return selection;
 }
 
 bool logging_paths() {

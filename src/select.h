@@ -1,0 +1,174 @@
+#pragma once
+
+// Note [Choosing a path]
+// Every op takes a d2l::AttentionBackend, and each op's path under it is
+// chosen by one select_* function here, beside the others, in the manner of
+// PyTorch's sdp_utils: the call gathers what decides (shapes, dtype, device,
+// its masks resolved once, backend, need_weights, training and dropout) into
+// the op's parameter struct, and select_* returns the path and, when asked,
+// why it refused the faster ones. The call then runs that path, and
+// explain_path returns that same selection to users, with the same checks
+// before it. kComposite and kFused are taken as asked (kFused is an error
+// off the CPU); kAuto runs the fused CPU kernels for CPU tensors and the
+// composite path elsewhere (for additive scores, the chunked path, which
+// bounds memory), except that dot-product attention asked for no weights
+// runs the flash kernel on the CPU and LibTorch's SDPA on CUDA. A mask that
+// lengths cannot express (Note [Masks as lengths]) keeps every op off the
+// kernels that mask by lengths. kSdpa is an error for every op but
+// dot-product attention. docs/api.md ("Choosing a backend") says the same
+// for users; keep the two in step.
+
+#include <torch/types.h>
+
+#include <d2l/backend.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention_mask_internal.h"
+
+namespace d2l::detail {
+
+/// A path, and why each faster one was refused ("<path>: <why>") when the
+/// caller asked.
+template <class Path>
+struct Selection {
+  Path path;
+  std::vector<std::string> reasons;
+};
+
+/// What masked_softmax runs.
+enum class MaskedSoftmaxPath {
+  kFused,      // the fused CPU kernel
+  kComposite,  // the book's ops
+};
+
+/// The masked softmax's path for tensors on `device`: the fused kernel on the
+/// CPU unless kComposite is asked; throws (naming `fn`) for kFused off the
+/// CPU and for kSdpa. Also the gate of every fused kernel below.
+MaskedSoftmaxPath select_masked_softmax(const char* fn, AttentionBackend backend,
+                                        const c10::Device& device);
+
+/// What the attention modules' projections (detail::linear) run.
+enum class LinearPath {
+  kSplit,       // the products split by rows over ATen's threads
+  kFunctional,  // torch::nn::functional::linear
+};
+
+/// The path of y = x Wᵀ + b: split where linear_splits_over_threads says it
+/// pays (and the bias fits), functional::linear under kComposite or else.
+LinearPath select_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
+                         AttentionBackend backend);
+
+/// What functional::dot_product_attention runs.
+enum class DotProductPath {
+  kComposite,     // bmm, composite masked softmax, bmm: the book's ops
+  kFusedSoftmax,  // bmm, fused masked softmax, bmm: dropout in training
+  kFlash,         // the flash CPU kernel (Note [Flash attention]), with or without weights
+  kSdpa,          // LibTorch's scaled_dot_product_attention
+};
+
+/// "composite", "fused_softmax", "flash" or "sdpa".
+const char* to_string(DotProductPath path);
+
+/// What decides dot-product attention's path: queries (B, n, d), keys (B, m,
+/// d), values (B, m, v) (their sizes, dtype and device; they may be
+/// expanded placeholders), the call's resolved masks and settings.
+struct DotProductParams {
+  torch::Tensor queries, keys, values;
+  ResolvedMask mask;
+  AttentionBackend backend = AttentionBackend::kAuto;
+  double dropout = 0.0;
+  bool training = false;
+  bool need_weights = true;
+};
+
+/// The path functional::dot_product_attention runs. kFused runs the flash
+/// kernel when no training-time dropout is asked and no size is zero, and
+/// the fused softmax otherwise. A boolean mask that lengths cannot express
+/// runs the composite path, or SDPA where it would run anyway or is asked.
+/// Throws, naming `fn`, for kSdpa on LibTorch older than 2.1 or with
+/// `need_weights`.
+Selection<DotProductPath> select_dot_product(const char* fn, const DotProductParams& params,
+                                             bool explain);
+
+/// What additive attention runs, fastest first.
+enum class AdditivePath {
+  kFusedProjections,  // projections and fused kernel through the values, one autograd node
+  kFusedValues,       // the fused kernel through the values (weights · values)
+  kFusedScores,       // the fused kernel's masked softmax of the scores; dropout, bmm
+  kChunked,           // scores by blocks of queries in ATen ops; composite softmax, bmm
+  kComposite,         // the book's ops
+};
+
+/// "fused_projections", "fused_values", "fused_scores", "chunked" or
+/// "composite".
+const char* to_string(AdditivePath path);
+
+/// How much of additive attention the caller asks for: the scores (or their
+/// masked softmax) alone, the attention from projected queries and keys (a
+/// decoder that projects its keys once), or the whole op from the inputs.
+enum class AdditiveStage { kScores, kProjected, kFull };
+
+/// What decides additive attention's path: the (projected) queries' dtype
+/// and device, the stage, the resolved masks and the settings.
+struct AdditiveParams {
+  torch::Tensor queries;
+  AdditiveStage stage = AdditiveStage::kFull;
+  ResolvedMask mask;
+  AttentionBackend backend = AttentionBackend::kAuto;
+  double dropout = 0.0;
+  bool training = false;
+};
+
+/// The path additive attention runs. A mask lengths cannot express runs the
+/// chunked path (the composite one under kComposite), which apply it as a
+/// boolean mask. Throws, naming `fn`, for kSdpa and for kFused off the CPU.
+Selection<AdditivePath> select_additive(const char* fn, const AdditiveParams& params, bool explain);
+
+/// What functional::multi_head_attention runs.
+enum class MultiHeadPath {
+  kSmallHeads,  // projections, the small-head kernel and W_o as one node (Note [Small heads])
+  kPerHead,     // the projections, then dot-product attention over the heads
+};
+
+/// What decides multi-head attention's path: the inputs, the heads, the
+/// masks resolved per batch entry (or per head, `mask_per_head`, when the
+/// attn_mask gives each head its own) and the settings.
+struct MultiHeadParams {
+  torch::Tensor queries, keys, values;
+  int64_t heads = 1;
+  /// Features per head, num_hiddens / heads.
+  int64_t head_features = 1;
+  ResolvedMask mask;
+  bool mask_per_head = false;
+  AttentionBackend backend = AttentionBackend::kAuto;
+  double dropout = 0.0;
+  bool training = false;
+  bool need_weights = true;
+};
+
+/// Multi-head attention's path, and for kPerHead the per-head dot-product
+/// attention's (`per_head`), with "small_heads: <why>" first among the
+/// reasons.
+struct MultiHeadSelection {
+  MultiHeadPath path = MultiHeadPath::kPerHead;
+  DotProductPath per_head = DotProductPath::kComposite;
+  std::vector<std::string> reasons;
+};
+MultiHeadSelection select_multi_head(const char* fn, const MultiHeadParams& params, bool explain);
+
+/// The masks of a multi-head call for its per-head paths: one row per head.
+ResolvedMask per_head_mask(const MultiHeadParams& params);
+
+/// Prints one line, as PathExplanation::to_string, to stderr: what `fn`
+/// runs under `backend` and why. The ops call it when logging_paths().
+void log_path(const char* fn, AttentionBackend backend, const char* path,
+              const std::vector<std::string>& reasons);
+
+/// Whether the environment variable D2L_LOG_PATH asks for every call's path
+/// to be logged (set, and neither "" nor "0"); read once per process.
+bool logging_paths();
+
+}  // namespace d2l::detail
