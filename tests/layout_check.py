@@ -12,6 +12,7 @@ Usage: layout_check.py [REPO_ROOT]
 
 import fnmatch
 import itertools
+import os
 import pathlib
 import re
 import sys
@@ -47,13 +48,22 @@ def named_patterns(section):
             yield from expand_braces(word)
 
 
+def tracked_files(root):
+    """The tree's files, without the build trees, environments and outputs that make adds."""
+    top_level = (".git", ".venv", ".debian12", ".debian13", "dist", "data")
+    for folder, subfolders, names in os.walk(root):
+        at_top = os.path.samefile(folder, root)
+        subfolders[:] = [d for d in subfolders if d != "__pycache__" and not (
+            at_top and (d in top_level or d.startswith("build") or d.endswith("_out")))]
+        for name in names:
+            yield os.path.relpath(os.path.join(folder, name), root)
+
+
 def main():
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     section = layout_section((root / "docs" / "contributing.md").read_text())
     patterns = sorted(set(named_patterns(section)))
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                   if p.is_file() and ".git" not in p.parts and not p.parts[0].startswith(
-                       (".venv", "build", ".debian", "dist", "data")) and not p.parts[0].endswith("_out"))
+    files = sorted(tracked_files(root))
 
     def matches(pattern, path):
         name = pathlib.PurePath(path).name
