@@ -245,9 +245,11 @@ TORCH_MODULE(MultiHeadAttention);
 /// (B, m, num_hiddens) with the heads side by side, for forward_cached. It
 /// grows by doubling its buffers (8, 16, 32, ... keys) and so copies none of
 /// the past at most steps. A cache serves the module that filled it, while
-/// the projections' weights are unchanged; used from several threads at
-/// once, it needs a lock of the caller's. Copies share the buffers: copy
-/// with clone() to branch (as beam search does).
+/// the projections' weights are unchanged (else it is refused); used from
+/// several threads at once, it needs a lock of the caller's. Copies share
+/// the buffers, so that appending through one copy may overwrite rows
+/// another copy appended after their common part: branch (as beam search
+/// does) with clone().
 class MultiHeadAttentionCache {
  public:
   /// The number of keys held, m.
