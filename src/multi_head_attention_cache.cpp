@@ -137,34 +137,35 @@ void check_cache_source(const char* fn, const MultiHeadAttentionImpl& m,
 // for a cache of B entries (if filled) in the weights' dtype and device.
 void check_new_keys_values(const char* fn, const MultiHeadAttentionImpl& m,
                            const torch::Tensor& new_keys, const torch::Tensor& new_values,
-                           const MultiHeadAttentionCache& cache) {
-  detail::check_strided_layout(fn, "new_keys", new_keys);
-  detail::check_strided_layout(fn, "new_values", new_values);
+                           const MultiHeadAttentionCache& cache, const char* keys_name = "new_keys",
+                           const char* values_name = "new_values") {
+  detail::check_strided_layout(fn, keys_name, new_keys);
+  detail::check_strided_layout(fn, values_name, new_values);
   TORCH_CHECK(new_keys.defined() == new_values.defined(),
-              fmt::format("{}: new_keys and new_values must be given together (or both left "
-                          "undefined), got new_keys {} and new_values {}",
-                          fn, detail::shape_of(new_keys), detail::shape_of(new_values)));
+              fmt::format("{}: {} and {} must be given together (or both left undefined), got "
+                          "{} {} and {} {}",
+                          fn, keys_name, values_name, keys_name, detail::shape_of(new_keys),
+                          values_name, detail::shape_of(new_values)));
   if (!new_keys.defined()) return;
   const auto& o = m.options;
-  detail::check_floating(fn, "new_keys", new_keys, 3);
-  detail::check_floating(fn, "new_values", new_values, 3);
+  detail::check_floating(fn, keys_name, new_keys, 3);
+  detail::check_floating(fn, values_name, new_values, 3);
   TORCH_CHECK(new_keys.size(0) == new_values.size(0) && new_keys.size(1) == new_values.size(1) &&
                   new_keys.size(2) == o.key_size() && new_values.size(2) == o.value_size(),
-              fmt::format("{}: new_keys must have shape [batch_size, s, key_size={}] and "
-                          "new_values [batch_size, s, value_size={}], got new_keys {} and "
-                          "new_values {}",
-                          fn, o.key_size(), o.value_size(), detail::shape_of(new_keys),
-                          detail::shape_of(new_values)));
+              fmt::format("{}: {} must have shape [batch_size, s, key_size={}] and {} "
+                          "[batch_size, s, value_size={}], got {} {} and {} {}",
+                          fn, keys_name, o.key_size(), values_name, o.value_size(), keys_name,
+                          detail::shape_of(new_keys), values_name, detail::shape_of(new_values)));
   const auto& W = m.W_k->weight;
-  detail::check_same_dtype(fn, "W_k.weight", W, "new_keys", new_keys);
-  detail::check_same_dtype(fn, "W_k.weight", W, "new_values", new_values);
-  detail::check_same_device(fn, "W_k.weight", W, "new_keys", new_keys);
-  detail::check_same_device(fn, "W_k.weight", W, "new_values", new_values);
-  const auto& held = Access::keys(cache);
-  TORCH_CHECK(cache.empty() || held.size(0) == new_keys.size(0),
-              fmt::format("{}: new_keys must have the cache's batch size, got new_keys {} and a "
-                          "cache of keys {}",
-                          fn, detail::shape_of(new_keys), detail::shape_of(cache.keys())));
+  detail::check_same_dtype(fn, "W_k.weight", W, keys_name, new_keys);
+  detail::check_same_dtype(fn, "W_k.weight", W, values_name, new_values);
+  detail::check_same_device(fn, "W_k.weight", W, keys_name, new_keys);
+  detail::check_same_device(fn, "W_k.weight", W, values_name, new_values);
+  TORCH_CHECK(cache.empty() || Access::keys(cache).size(0) == new_keys.size(0),
+              fmt::format("{}: {} must have the cache's batch size, got {} {} and a cache of "
+                          "keys {}",
+                          fn, keys_name, keys_name, detail::shape_of(new_keys),
+                          detail::shape_of(cache.keys())));
 }
 
 // The batch size of a call: the new keys', else the cache's (0 when empty).
@@ -256,7 +257,6 @@ torch::Tensor stand_in(const torch::Tensor& like, int64_t batch, int64_t m, int6
 struct CachedPlan {
   detail::MultiHeadPlan plan;
   functional::MultiHeadAttentionFuncOptions call;
-  torch::Tensor keys_like, values_like;
 };
 
 // The checks of a cached call on queries and a cache of m keys (after the
@@ -272,14 +272,14 @@ CachedPlan plan_cached(const char* fn, const MultiHeadAttentionImpl& m,
                           "new_values",
                           fn, detail::shape_of(queries)));
   TORCH_CHECK(queries.size(0) == batch,
-              fmt::format("{}: queries must have the cache's batch size {}, got queries {}", fn,
-                          batch, detail::shape_of(queries)));
+              fmt::format("{}: queries must have the batch size of the cache and new_keys, {}, "
+                          "got queries {}",
+                          fn, batch, detail::shape_of(queries)));
   const auto& W = m.W_q->weight;
-  CachedPlan r{{}, call_options(m, mask, need_weights), {}, {}};
-  r.keys_like = stand_in(W, batch, keys_held, m.options.key_size());
-  r.values_like = stand_in(W, batch, keys_held, m.options.value_size());
-  r.plan = detail::plan_multi_head_attention(fn, &m.options, queries, r.keys_like, r.values_like,
-                                             mask.valid_lens(), r.call, explain);
+  CachedPlan r{{}, call_options(m, mask, need_weights)};
+  r.plan = detail::plan_multi_head_attention(
+      fn, &m.options, queries, stand_in(W, batch, keys_held, m.options.key_size()),
+      stand_in(W, batch, keys_held, m.options.value_size()), mask.valid_lens(), r.call, explain);
   if (grad && r.plan.small) {
     r.plan.small = false;
     if (explain) {
@@ -358,7 +358,7 @@ void MultiHeadAttentionImpl::extend_cache(MultiHeadAttentionCache& cache, const 
                                           const torch::Tensor& values) {
   constexpr const char* fn = "d2l::MultiHeadAttention::extend_cache";
   check_cache_source(fn, *this, cache);
-  check_new_keys_values(fn, *this, keys, values, cache);
+  check_new_keys_values(fn, *this, keys, values, cache, "keys", "values");
   TORCH_CHECK(keys.defined(), fmt::format("{}: keys and values must be defined", fn));
   extend_checked(*this, cache, keys, values, recording(*this, {keys, values, cache.keys()}));
 }
@@ -367,7 +367,7 @@ MultiHeadAttentionCache MultiHeadAttentionImpl::project_memory(const torch::Tens
                                                                const torch::Tensor& values) {
   constexpr const char* fn = "d2l::MultiHeadAttention::project_memory";
   MultiHeadAttentionCache cache;
-  check_new_keys_values(fn, *this, keys, values, cache);
+  check_new_keys_values(fn, *this, keys, values, cache, "keys", "values");
   TORCH_CHECK(keys.defined(), fmt::format("{}: keys and values must be defined", fn));
   extend_checked(*this, cache, keys, values, recording(*this, {keys, values}));
   return cache;

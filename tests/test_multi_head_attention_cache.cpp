@@ -250,6 +250,12 @@ TEST(MultiHeadAttentionCache, ErrorsNameTheFunctionTheArgumentAndTheShapes) {
               AllOf(StartsWith(fn), HasSubstr("key_size=5"), HasSubstr("new_keys [2, 1, 4]")));
   EXPECT_THAT(error_message([&] { m->forward_cached(q, k.to(torch::kDouble), v, cache); }),
               AllOf(StartsWith(fn), HasSubstr("new_keys"), HasSubstr("Double")));
+  EXPECT_THAT(error_message([&] {
+                m->project_memory(torch::randn({2, 3, 4}), v);
+              }),
+              AllOf(StartsWith("d2l::MultiHeadAttention::project_memory"),
+                    HasSubstr("keys must have shape [batch_size, s, key_size=5]"),
+                    HasSubstr("keys [2, 3, 4]")));
   m->forward_cached(q, k, v, cache);
   EXPECT_THAT(error_message([&] {
                 m->forward_cached(torch::randn({3, 1, kQuerySize}), torch::randn({3, 1, kKeySize}),
