@@ -149,6 +149,18 @@ TEST(TransformerDecoding, ADecodingStepRunsTheSmallHeadsKernels) {
   }
 }
 
+TEST(TransformerDecoding, TheDeprecatedStepCacheStaysNull) {
+  Decoding d;
+  torch::NoGradGuard no_grad;
+  auto state = d.init();
+  d.run(state, torch::randint(kVocab, {3, 2}, torch::kLong));
+  EXPECT_NE(state.cache, nullptr);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  EXPECT_EQ(state.step_cache, nullptr);
+#pragma GCC diagnostic pop
+}
+
 TEST(TransformerDecoding, TheBuffersGrowWithoutCopyingThePastEveryStep) {
   Decoding d;
   torch::NoGradGuard no_grad;

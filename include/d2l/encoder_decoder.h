@@ -12,6 +12,10 @@
 
 namespace d2l {
 
+namespace detail {
+struct StepCache;  // 0.3's, for the deprecated DecoderState::step_cache only
+}  // namespace detail
+
 /// What an encoder hands to a decoder's `init_state`: the book's `enc_outputs`,
 /// the pair `(output, state)` that `nn.GRU` returns.
 struct EncoderOutput {
@@ -49,6 +53,10 @@ struct DecoderCache {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 struct DecoderState {
+  // User-provided, so that `DecoderState{}` is this constructor, not an
+  // aggregate initialisation that names the deprecated fields in users' code.
+  DecoderState() {}
+
   /// Recurrent state of every layer: (num_layers, B, num_hiddens).
   torch::Tensor hidden_state;
   /// Encoder outputs to attend to, batch-first: (B, num_enc_steps, num_hiddens).
@@ -75,6 +83,13 @@ struct DecoderState {
   [[deprecated(
       "Seq2SeqAttentionDecoder keeps its projected keys in DecoderState::cache; this "
       "field is no longer read")]] torch::Tensor projected_keys;
+  /// TransformerDecoder's step cache in 0.3; it keeps it in `cache` now and
+  /// leaves this null (setting it does nothing). Removed in the next minor
+  /// version.
+  [[deprecated(
+      "TransformerDecoder keeps its step cache in DecoderState::cache; this field is "
+      "always null")]] std::shared_ptr<detail::StepCache>
+      step_cache;
 };
 #pragma GCC diagnostic pop
 
