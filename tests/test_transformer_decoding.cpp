@@ -149,6 +149,24 @@ TEST(TransformerDecoding, ADecodingStepRunsTheSmallHeadsKernels) {
   }
 }
 
+TEST(TransformerDecoding, InferenceModeDecodesAsNoGrad) {
+  Decoding d;
+  const auto tokens = torch::randint(kVocab, {3, 10}, torch::kLong);
+  torch::Tensor no_grad_out, inference_out;
+  {
+    torch::NoGradGuard no_grad;
+    auto state = d.init();
+    no_grad_out = d.run(state, tokens);
+  }
+  {
+    c10::InferenceMode inference;
+    auto state = d.init();
+    inference_out = d.run(state, tokens);
+    EXPECT_NE(state.cache, nullptr);
+  }
+  EXPECT_TRUE(torch::equal(inference_out, no_grad_out));
+}
+
 TEST(TransformerDecoding, TheDeprecatedStepCacheStaysNull) {
   Decoding d;
   torch::NoGradGuard no_grad;
