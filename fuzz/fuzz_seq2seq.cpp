@@ -141,11 +141,9 @@ void fuzz_seq2seq(Bytes& in) {
   if (with_attention) check_lengths_accepted(lens);
   state.hidden_state = perturb(in, state.hidden_state);
   state.enc_outputs = perturb(in, state.enc_outputs);
-  state.projected_keys = perturb(in, state.projected_keys);
   if (in.below(4) == 0) state.enc_valid_lens = make_enc_lens(in, B, T_enc);
   note("state.hidden_state", state.hidden_state);
   note("state.enc_outputs", state.enc_outputs);
-  note("state.projected_keys", state.projected_keys);
   note("state.enc_valid_lens", state.enc_valid_lens);
   const auto dec_X = make_tokens(in, B, T_dec, o.vocab_size());
   note("dec_X", dec_X);
@@ -154,7 +152,7 @@ void fuzz_seq2seq(Bytes& in) {
   const int64_t dec_batch = dec_X.size(0), dec_steps = dec_X.size(1);
   check_decoder_output(out, next, o, dec_batch, dec_steps);
   const bool finite_expected =
-      tame(state.hidden_state) && tame(state.enc_outputs) && tame(state.projected_keys);
+      tame(state.hidden_state) && tame(state.enc_outputs);
   if (finite_expected) FUZZ_CHECK(all_finite(out), "decoder output not finite");
   if (with_attention) {
     check_lengths_accepted(state.enc_valid_lens);

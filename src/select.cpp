@@ -275,6 +275,10 @@ std::string why_not_small_heads(const MultiHeadParams& p) {
         "with at most 16 features, 32 x 32 with more)",
         n, m, d);
   }
+  if (p.grad_through_cache) {
+    return "autograd through a cache (its node differentiates from the raw keys and values; the "
+           "per-head path differentiates the cached projections)";
+  }
   return {};
 }
 

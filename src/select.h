@@ -147,6 +147,10 @@ struct MultiHeadParams {
   double dropout = 0.0;
   bool training = false;
   bool need_weights = true;
+  /// A call over a cache of projected keys while autograd records
+  /// (MultiHeadAttention::forward_cached): the small-heads node differentiates
+  /// from the raw keys and values, not from the cached projections.
+  bool grad_through_cache = false;
 };
 
 /// Multi-head attention's path, and for kPerHead the per-head dot-product

@@ -236,7 +236,6 @@ TEST(ReliabilityArguments, Seq2SeqAttentionDecoderState) {
   for (const auto& [name, field] : std::vector<std::pair<std::string, Field>>{
            {"state.enc_valid_lens", &DecoderState::enc_valid_lens},
            {"state.enc_outputs", &DecoderState::enc_outputs},
-           {"state.projected_keys", &DecoderState::projected_keys},
            {"state.hidden_state", &DecoderState::hidden_state}}) {
     const Field f = field;
     add_layout_cases(cases, d, name, state.*field, [&with, f](const torch::Tensor& t) { with(f, t); });
@@ -262,11 +261,6 @@ TEST(ReliabilityArguments, Seq2SeqAttentionDecoderState) {
        "state.enc_outputs must have the same dtype as attention.W_q.weight (Float), "
        "got Double",
        [&] { with(&DecoderState::enc_outputs, state.enc_outputs.to(torch::kDouble)); }});
-  cases.push_back({d, "state.projected_keys must have the same dtype as attention.W_q.weight", [&] {
-                     with(&DecoderState::projected_keys, state.projected_keys.to(torch::kHalf));
-                   }});
-  cases.push_back({d, "state must come from init_state",
-                   [&] { with(&DecoderState::projected_keys, state.projected_keys[0]); }});
   cases.push_back({d, "state must come from init_state",
                    [&] { with(&DecoderState::enc_outputs, torch::Tensor()); }});
   cases.push_back({d, "state.hidden_state must have shape [num_layers=2, batch_size=2",
@@ -353,8 +347,7 @@ TEST(ReliabilityArguments, ModulesDoNotModifyTheirInputs) {
                                         enc.hidden_state,
                                         state.enc_outputs,
                                         state.hidden_state,
-                                        state.enc_valid_lens,
-                                        state.projected_keys};
+                                        state.enc_valid_lens};
     const auto before = snapshot(in);
     std::get<0>(decoder->forward(X, state)).sum().backward();
     expect_unchanged(before, in);

@@ -236,7 +236,7 @@ TEST(ReliabilityConcurrency, SharedSeq2SeqAttentionDecoder) {
   m.call = [&](size_t i) {
     const auto state = decoder->init_state(enc, source_lens()[i]);
     auto [logits, next] = decoder(X[i], state);
-    return Outputs{logits, next.hidden_state, state.projected_keys};
+    return Outputs{logits, next.hidden_state, state.enc_outputs};
   };
   m.weights = [&] { return decoder->attention_weights(); };
   expect_threads_agree(m, 100, /*records=*/true);

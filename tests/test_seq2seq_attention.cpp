@@ -120,4 +120,29 @@ TEST(Seq2SeqAttentionDecoder, KeepsItsWeightsWhenTheAttentionRecordsNone) {
   EXPECT_EQ(decoder->attention_weights().sizes(), (std::vector<int64_t>{2, 3, 5}));
 }
 
+TEST(Seq2SeqAttentionDecoder, KeepsItsKeysInTheStatesCache) {
+  torch::manual_seed(5);
+  d2l::Seq2SeqEncoder encoder(kVocab, kEmbed, kHiddens, kLayers);
+  d2l::Seq2SeqAttentionDecoder decoder(kVocab, kEmbed, kHiddens, kLayers);
+  const auto X = torch::randint(kVocab, {2, 5}), Y = torch::randint(kVocab, {2, 3});
+  const auto lens = torch::tensor({5, 2});
+  auto state = decoder->init_state(encoder(X), lens);
+  EXPECT_NE(state.cache, nullptr);
+  const auto expected = std::get<0>(decoder(Y, state));
+  // The deprecated field is still filled for its readers, and no longer read.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  EXPECT_TRUE(torch::allclose(state.projected_keys, decoder->attention->W_k(state.enc_outputs)));
+  auto ignored = state;
+  ignored.projected_keys = torch::Tensor();
+#pragma GCC diagnostic pop
+  EXPECT_TRUE(torch::equal(std::get<0>(decoder(Y, ignored)), expected));
+  // New encoder outputs in a state: their own keys, not the cache's.
+  auto replaced = state;
+  replaced.enc_outputs = state.enc_outputs * 2;
+  EXPECT_TRUE(torch::allclose(std::get<0>(decoder(Y, replaced)),
+                              std::get<0>(book_attention_decoder(*decoder, Y, replaced))));
+  EXPECT_FALSE(torch::allclose(std::get<0>(decoder(Y, replaced)), expected));
+}
+
 }  // namespace

@@ -164,7 +164,7 @@ TEST_P(TransformerStepParity, StepByStepDecodingMatchesThePythonReference) {
     for (int64_t t = 0; t < dec_X.size(1); ++t) {
       torch::Tensor Y;
       std::tie(Y, state) = decoder->forward(dec_X.slice(1, t, t + 1), state);
-      EXPECT_EQ(state.step_cache != nullptr, cached);
+      EXPECT_EQ(state.cache != nullptr, cached);
       outputs.push_back(Y);
       const auto weights = decoder->block_attention_weights();
       for (int64_t i = 0; i < layers; ++i) {

@@ -68,11 +68,115 @@ TEST(TransformerDecoding, TheCacheGivesTheBooksNumbersInEveryDtype) {
     {
       auto state = d.init();  // autograd on: the book's concatenation
       book = d.run(state, tokens);
-      EXPECT_EQ(state.step_cache, nullptr);
+      EXPECT_EQ(state.cache, nullptr);
     }
     EXPECT_LT(d2l::testing::max_rel_error(cached, book), dtype == torch::kFloat ? 1e-5 : 1e-12)
         << c10::toString(dtype);
   }
+}
+
+// The book's Transformer at its sizes (32 hidden units, 4 heads, 2 blocks).
+d2l::EncoderDecoder book_sized_transformer() {
+  torch::manual_seed(17);
+  return d2l::EncoderDecoder{
+      d2l::TransformerEncoder(kVocab, 32, 32, 32, 32, {32}, 32, 64, 4, 2, 0.1),
+      d2l::TransformerDecoder(kVocab, 32, 32, 32, 32, {32}, 32, 64, 4, 2, 0.1)};
+}
+
+TEST(TransformerDecoding, TheCachedStepIsTheBooksAtBatch1And64WithAndWithoutLengths) {
+  for (const int64_t batch : {1, 64}) {
+    for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+      for (const bool with_lens : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "batch " << batch << ", " << c10::toString(dtype)
+                                          << (with_lens ? ", enc_valid_lens" : ""));
+        auto model = book_sized_transformer();
+        model->to(dtype);
+        model->eval();
+        auto decoder = std::dynamic_pointer_cast<d2l::TransformerDecoderImpl>(model->decoder);
+        const auto enc_X = torch::randint(kVocab, {batch, 10}, torch::kLong);
+        const auto lens =
+            with_lens ? torch::randint(1, 11, {batch}, torch::kLong) : torch::Tensor();
+        const auto tokens = torch::randint(kVocab, {batch, 12}, torch::kLong);
+        // Per step: the output, then every block's self- and cross-attention weights.
+        const auto decode = [&](bool cached) {
+          torch::AutoGradMode grad(!cached);
+          auto state = decoder->init_state(model->encoder->forward(enc_X, lens), lens);
+          std::vector<torch::Tensor> seen;
+          for (int64_t t = 0; t < tokens.size(1); ++t) {
+            torch::Tensor Y;
+            std::tie(Y, state) = decoder->forward(tokens.slice(1, t, t + 1), state);
+            EXPECT_EQ(state.cache != nullptr, cached);
+            seen.push_back(Y);
+            for (const auto& kind : decoder->block_attention_weights()) {
+              seen.insert(seen.end(), kind.begin(), kind.end());
+            }
+          }
+          return seen;
+        };
+        const auto cached = decode(true), book = decode(false);
+        ASSERT_EQ(cached.size(), book.size());
+        for (size_t k = 0; k < cached.size(); ++k) {
+          ASSERT_EQ(cached[k].sizes(), book[k].sizes()) << k;
+          EXPECT_LT(d2l::testing::max_rel_error(cached[k], book[k]),
+                    dtype == torch::kFloat ? 2e-5 : 1e-12)
+              << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(TransformerDecoding, ADecodingStepRunsTheSmallHeadsKernels) {
+  // What each attention of a block explains for the call the decoder makes
+  // at step 5 of a decoding: the cache of the block's self-attention and of
+  // the encoder's outputs, and one new token.
+  auto model = book_sized_transformer();
+  model->eval();
+  auto decoder = std::dynamic_pointer_cast<d2l::TransformerDecoderImpl>(model->decoder);
+  torch::NoGradGuard no_grad;
+  for (const int64_t batch : {1, 64}) {
+    const auto enc = model->encoder->forward(torch::randint(kVocab, {batch, 10}, torch::kLong));
+    auto block = decoder->block(0);
+    const auto X = torch::randn({batch, 1, 32});
+    auto self_cache = block->attention1->project_memory(torch::randn({batch, 4, 32}),
+                                                        torch::randn({batch, 4, 32}));
+    const auto self_path = block->attention1->explain_path_cached(X, X, X, self_cache);
+    EXPECT_EQ(self_path.path, "small_heads") << self_path.to_string();
+    const auto cross = block->attention2->project_memory(enc.outputs, enc.outputs);
+    const auto cross_path = block->attention2->explain_path_cached(
+        X, {}, {}, cross, d2l::AttentionMask().valid_lens(torch::full({batch}, 7, torch::kLong)));
+    EXPECT_EQ(cross_path.path, "small_heads") << cross_path.to_string();
+  }
+}
+
+TEST(TransformerDecoding, InferenceModeDecodesAsNoGrad) {
+  Decoding d;
+  const auto tokens = torch::randint(kVocab, {3, 10}, torch::kLong);
+  torch::Tensor no_grad_out, inference_out;
+  {
+    torch::NoGradGuard no_grad;
+    auto state = d.init();
+    no_grad_out = d.run(state, tokens);
+  }
+  {
+    c10::InferenceMode inference;
+    auto state = d.init();
+    inference_out = d.run(state, tokens);
+    EXPECT_NE(state.cache, nullptr);
+  }
+  EXPECT_TRUE(torch::equal(inference_out, no_grad_out));
+}
+
+TEST(TransformerDecoding, TheDeprecatedStepCacheStaysNull) {
+  Decoding d;
+  torch::NoGradGuard no_grad;
+  auto state = d.init();
+  d.run(state, torch::randint(kVocab, {3, 2}, torch::kLong));
+  EXPECT_NE(state.cache, nullptr);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  EXPECT_EQ(state.step_cache, nullptr);
+#pragma GCC diagnostic pop
 }
 
 TEST(TransformerDecoding, TheBuffersGrowWithoutCopyingThePastEveryStep) {
@@ -111,7 +215,7 @@ TEST(TransformerDecoding, AStateAdvancedTwiceGivesTheSameNumbersBothTimes) {
   // The same without the cache.
   torch::AutoGradMode grad(true);
   auto book = start;
-  book.step_cache = nullptr;
+  book.cache = nullptr;
   EXPECT_LT(d2l::testing::max_rel_error(d.run(book, b), out_b), 1e-5);
   EXPECT_EQ(branch_a.key_values[0].size(1), 7);
 }
@@ -180,7 +284,7 @@ TEST(TransformerErrors, ArgumentsNameWhatIsWrong) {
               HasSubstr("state.enc_outputs"));
   // Nothing above changed the state handed in.
   EXPECT_FALSE(state.key_values[0].defined());
-  EXPECT_EQ(state.step_cache, nullptr);
+  EXPECT_EQ(state.cache, nullptr);
 }
 
 TEST(TransformerErrors, AStateDictOfAnotherArchitectureChangesNothing) {

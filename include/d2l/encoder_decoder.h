@@ -13,7 +13,7 @@
 namespace d2l {
 
 namespace detail {
-struct StepCache;  // src/transformer/cache.h
+struct StepCache;  // 0.3's, for the deprecated DecoderState::step_cache only
 }  // namespace detail
 
 /// What an encoder hands to a decoder's `init_state`: the book's `enc_outputs`,
@@ -27,41 +27,71 @@ struct EncoderOutput {
   torch::Tensor hidden_state;
 };
 
+/// What a decoder keeps for itself from one call to the next beside the
+/// book's state: projections made once per decoding, buffers. Each decoder
+/// derives its own; callers only copy the pointer (DecoderState::cache).
+struct DecoderCache {
+  virtual ~DecoderCache() = default;
+};
+
 /// The state a decoder carries from one `forward` call to the next (the book's
-/// `state`). Both of the book's decoders fit in one type so that
-/// `EncoderDecoder` and greedy decoding need not know which decoder they drive:
+/// `state`). The book's decoders fit in one type so that `EncoderDecoder` and
+/// greedy decoding need not know which decoder they drive:
 ///
 /// * `Seq2SeqDecoder` uses `hidden_state` only (the book's state is that tensor).
 /// * `Seq2SeqAttentionDecoder` uses the book's triple `(enc_outputs,
-///   hidden_state, enc_valid_lens)` plus `projected_keys`, the encoder outputs
-///   passed once through the attention's key projection W_k: the keys never
-///   change while a sequence is decoded, so `init_state` projects them once
-///   instead of once per decoding step.
-///
+///   hidden_state, enc_valid_lens)`, and `cache` for the encoder outputs passed
+///   once through the attention's key projection W_k (the keys never change
+///   while a sequence is decoded).
 /// * `TransformerDecoder` uses the book's `[enc_outputs, enc_valid_lens,
-///   key_values]`, and in evaluation mode `step_cache`.
+///   key_values]`, and in evaluation mode without autograd `cache` for each
+///   block's projected keys and values (docs/transformer.md).
 ///
 /// Fields a decoder does not use stay undefined.
+// The copies and moves the compiler writes copy the deprecated field too:
+// not a use of it to warn users about (GCC reports those at the struct).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 struct DecoderState {
+  // User-provided, so that `DecoderState{}` is this constructor, not an
+  // aggregate initialisation that names the deprecated fields in users' code.
+  DecoderState() {}
+
   /// Recurrent state of every layer: (num_layers, B, num_hiddens).
   torch::Tensor hidden_state;
   /// Encoder outputs to attend to, batch-first: (B, num_enc_steps, num_hiddens).
   torch::Tensor enc_outputs;
   /// Valid encoder steps per example, (B), or undefined when all are valid.
   torch::Tensor enc_valid_lens;
-  /// attention->W_k(enc_outputs): (B, num_enc_steps, attention num_hiddens).
-  torch::Tensor projected_keys;
+  /// torch::kBool (B, num_enc_steps), true at the encoder's padding steps,
+  /// which no decoder step attends to (AttentionMask::key_padding_mask: what
+  /// TransformerDecoder::init_state takes from the source mask), or undefined.
+  torch::Tensor enc_key_padding_mask;
   /// TransformerDecoder: per block, the block's inputs at every target step so
   /// far (the book's `state[2][i]`), (B, steps, num_hiddens); undefined before
   /// the block's first call.
   std::vector<torch::Tensor> key_values;
-  /// TransformerDecoder in evaluation mode: the buffers behind `key_values` and
-  /// each block's self-attention keys and values, projected once and growing
-  /// by doubling, and the encoder-decoder attention's projected keys and
-  /// values. Shared by the states of one decoding; a state advanced from an
-  /// older one (as in beam search) gets its own copy.
-  std::shared_ptr<detail::StepCache> step_cache;
+  /// The decoder's own data, made by its init_state or forward (null where
+  /// it keeps none). It serves a state only while the book's fields above
+  /// are the ones it was made from: a state whose fields are changed by hand,
+  /// or advanced twice (beam search), gets the book's numbers, the decoder
+  /// rebuilding what it needs. Shared by the copies of a state.
+  std::shared_ptr<DecoderCache> cache;
+  /// Seq2SeqAttentionDecoder's W_k(enc_outputs) until 0.3, set by its
+  /// init_state and no longer read by its forward, which keeps the projected
+  /// keys in `cache`. Removed in the next minor version.
+  [[deprecated(
+      "Seq2SeqAttentionDecoder keeps its projected keys in DecoderState::cache; this "
+      "field is no longer read")]] torch::Tensor projected_keys;
+  /// TransformerDecoder's step cache in 0.3; it keeps it in `cache` now and
+  /// leaves this null (setting it does nothing). Removed in the next minor
+  /// version.
+  [[deprecated(
+      "TransformerDecoder keeps its step cache in DecoderState::cache; this field is "
+      "always null")]] std::shared_ptr<detail::StepCache>
+      step_cache;
 };
+#pragma GCC diagnostic pop
 
 /// The book's `Encoder` interface: `forward(X, *args)`. The only extra argument
 /// the book passes is the valid length of each source sequence, (B); encoders

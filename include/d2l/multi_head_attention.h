@@ -11,8 +11,15 @@
 
 #include <cstdint>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace d2l {
+
+class MultiHeadAttentionCache;
+namespace detail {
+struct MultiHeadAttentionCacheAccess;  // src/multi_head_attention_cache.cpp
+}  // namespace detail
 
 struct MultiHeadAttentionOptions {
   MultiHeadAttentionOptions(int64_t key_size, int64_t query_size, int64_t value_size,
@@ -214,9 +221,78 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_v{nullptr};
   torch::nn::Linear W_o{nullptr};
 
+  // -------------------------------------------------------------------------
+  // Keys and values projected once (src/multi_head_attention_cache.cpp,
+  // Note [Cached keys and values]).
+
+  /// Projects keys (B, s, key_size) and values (B, s, value_size) through
+  /// W_k and W_v and appends them to `cache` (empty, or filled by this
+  /// module for B entries), without attending.
+  void extend_cache(MultiHeadAttentionCache& cache, const torch::Tensor& keys,
+                    const torch::Tensor& values);
+
+  /// A new cache holding keys and values projected once: a memory attended
+  /// by many calls, as the encoder's outputs are by a decoder's steps.
+  MultiHeadAttentionCache project_memory(const torch::Tensor& keys, const torch::Tensor& values);
+
+  /// forward over every key and value of `cache` after appending new_keys
+  /// (B, s, key_size) and new_values (B, s, value_size) to it (both
+  /// undefined: the cache as it is): the same numbers as forward(queries,
+  /// cat(past keys, new_keys), cat(past values, new_values), ...) without
+  /// projecting the past again. `mask` is over all the cached keys, m of
+  /// them (AttentionMask; is_causal aligns the last query with the last
+  /// key). The same checks and choice of path as forward: a decoding step
+  /// runs the small-heads kernels on the cache in place. With autograd
+  /// recording, the cache grows by concatenation (earlier steps' graphs stay
+  /// valid) and the heads run on the per-head path, which differentiates the
+  /// cached projections.
+  torch::Tensor forward_cached(const torch::Tensor& queries, const torch::Tensor& new_keys,
+                               const torch::Tensor& new_values, MultiHeadAttentionCache& cache,
+                               const AttentionMask& mask = {});
+
+  /// Which path forward_cached takes for these arguments, and why; the same
+  /// checks, appending and computing nothing.
+  PathExplanation explain_path_cached(const torch::Tensor& queries, const torch::Tensor& new_keys,
+                                      const torch::Tensor& new_values,
+                                      const MultiHeadAttentionCache& cache,
+                                      const AttentionMask& mask = {}) const;
+
  protected:
   FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(AttentionMask())})
 };
 TORCH_MODULE(MultiHeadAttention);
+
+/// The keys and values a MultiHeadAttention has projected by its W_k and W_v,
+/// (B, m, num_hiddens) with the heads side by side, for forward_cached. It
+/// grows by doubling its buffers (8, 16, 32, ... keys) and so copies none of
+/// the past at most steps. A cache serves the module that filled it, while
+/// the projections' weights are unchanged (else it is refused); used from
+/// several threads at once, it needs a lock of the caller's. Copies share
+/// the buffers, so that appending through one copy may overwrite rows
+/// another copy appended after their common part: branch (as beam search
+/// does) with clone().
+class MultiHeadAttentionCache {
+ public:
+  /// The number of keys held, m.
+  int64_t size() const { return length_; }
+  bool empty() const { return length_ == 0; }
+  /// The projected keys and values held, (B, m, num_hiddens): views of the
+  /// buffers (undefined when empty).
+  torch::Tensor keys() const;
+  torch::Tensor values() const;
+  /// A copy with buffers of its own.
+  MultiHeadAttentionCache clone() const;
+  /// Forgets every key (the buffers go too).
+  void clear();
+
+ private:
+  friend struct detail::MultiHeadAttentionCacheAccess;
+  /// (B, capacity, num_hiddens), rows [0, length_) filled.
+  torch::Tensor keys_, values_;
+  int64_t length_ = 0;
+  /// The projections' parameters that filled the cache, and their versions
+  /// then: a cache used with other or changed weights is refused.
+  std::vector<std::pair<torch::Tensor, int64_t>> sources_;
+};
 
 }  // namespace d2l

@@ -12,12 +12,16 @@
 // - PositionalEncoding adds its table in the input's dtype (the book adds its
 //   float32 table, which promotes a float16 or bfloat16 input to float32; a
 //   float64 input gets the same values either way).
-// - TransformerDecoder in evaluation mode keeps, per block, its self-attention's
-//   keys and values already projected and split into heads, in buffers that
-//   grow by doubling: a decoding step projects only its own tokens and copies
-//   nothing of the past (the book concatenates and re-projects every past step).
-//   The book's `state[2][i]`, the block's inputs so far, is still kept in
+// - TransformerDecoder in evaluation mode without autograd keeps, per block,
+//   its self-attention's keys and values projected once
+//   (MultiHeadAttention::forward_cached), in buffers that grow by doubling:
+//   a decoding step projects only its own tokens and copies nothing of the
+//   past (the book concatenates and re-projects every past step). The book's
+//   `state[2][i]`, the block's inputs so far, is still kept in
 //   DecoderState::key_values.
+// - TransformerBlockOptions::causal masks the decoder's self-attention in
+//   evaluation mode too; the encoder and the decoder take LibTorch's masks
+//   (AttentionMask) beside the book's lengths.
 
 #include <d2l/encoder_decoder.h>
 #include <d2l/multi_head_attention.h>
@@ -137,6 +141,12 @@ struct TransformerBlockOptions {
   /// Whether the attention's projections have biases (the book's use_bias;
   /// its DecoderBlock has none, so the positional constructors pass false).
   TORCH_ARG(bool, use_bias) = false;
+  /// Decoder blocks: whether the self-attention masks later positions in
+  /// evaluation mode too, so that a whole target run at once gives what
+  /// decoding it step by step gives (query i sees the keys up to its own,
+  /// AttentionMask::is_causal). The book masks only in training (with
+  /// dec_valid_lens = 1..steps, which training keeps either way): off.
+  TORCH_ARG(bool, causal) = false;
 };
 
 /// The book's `EncoderBlock`: Y = addnorm1(X, attention(X, X, X, valid_lens));
@@ -152,8 +162,9 @@ class EncoderBlockImpl : public torch::nn::Cloneable<EncoderBlockImpl> {
   void pretty_print(std::ostream& stream) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
-  /// X (B, n, num_hiddens); valid_lens (B), (B, n) or undefined.
-  torch::Tensor forward(const torch::Tensor& X, const torch::Tensor& valid_lens = {});
+  /// X (B, n, num_hiddens); `mask` goes to the self-attention: the book's
+  /// valid_lens, (B) or (B, n), or any AttentionMask.
+  torch::Tensor forward(const torch::Tensor& X, const AttentionMask& mask = {});
 
   TransformerBlockOptions options;
   MultiHeadAttention attention{nullptr};
@@ -162,7 +173,7 @@ class EncoderBlockImpl : public torch::nn::Cloneable<EncoderBlockImpl> {
   AddNorm addnorm2{nullptr};
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(torch::Tensor())})
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(AttentionMask())})
 };
 /// The holder of EncoderBlockImpl, as TORCH_MODULE(EncoderBlock) makes it, with the book's
 /// constructor spelled out so that a braced shape works as the book's list
@@ -197,7 +208,9 @@ class DecoderBlockImpl : public torch::nn::Cloneable<DecoderBlockImpl> {
   /// (or from the previous call). In training mode, as in the book, the
   /// self-attention sees the block's inputs so far with the causal lengths
   /// 1..steps; in evaluation mode it sees them all (one step at a time when
-  /// decoding). Returns the block's output and the state with block i's
+  /// decoding), or with options.causal() those up to its own position. The
+  /// encoder-decoder attention masks state.enc_valid_lens and
+  /// state.enc_key_padding_mask. Returns the block's output and the state with block i's
   /// entries extended by X.
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X, const DecoderState& state);
 
@@ -267,6 +280,15 @@ class TransformerEncoderImpl : public torch::nn::Cloneable<TransformerEncoderImp
 
   /// X (B, n) token ids; valid_lens (B) or undefined.
   EncoderOutput forward(const torch::Tensor& X, const torch::Tensor& valid_lens = {}) override;
+  /// X (B, n) token ids and the source mask, passed to every block's
+  /// self-attention: valid_lens (B), key_padding_mask (B, n),
+  /// attn_mask (n, n), (B, n, n) or (B * num_heads, n, n), is_causal
+  /// (AttentionMask). forward(X, valid_lens) is forward_masked(X,
+  /// valid_lens). The decoder's init_state takes the same mask for its
+  /// encoder-decoder attention. A name of its own, where the blocks' forward
+  /// takes the mask: forward(X, valid_lens) is the book's Encoder interface,
+  /// which users' encoders implement, and AnyModule needs one forward.
+  EncoderOutput forward_masked(const torch::Tensor& X, const AttentionMask& mask);
 
   /// The book's `attention_weights`: per block, the per-head weights of the
   /// last forward call, (B * num_heads, n, n) (undefined where the blocks'
@@ -320,6 +342,13 @@ class TransformerDecoderImpl : public torch::nn::Cloneable<TransformerDecoderImp
   /// output (batch-first) and its valid lengths (B) or undefined.
   DecoderState init_state(const EncoderOutput& enc_outputs,
                           const torch::Tensor& enc_valid_lens = {}) override;
+  /// init_state with the encoder's source mask (as given to
+  /// TransformerEncoder::forward): its key-side parts, valid_lens (B) and
+  /// key_padding_mask (B, num_enc_steps), mask the encoder-decoder attention
+  /// of every step (DecoderState::enc_valid_lens, enc_key_padding_mask); its
+  /// attn_mask and is_causal are about the encoder's own queries and are not
+  /// used here.
+  DecoderState init_state(const EncoderOutput& enc_outputs, const AttentionMask& src_mask);
   /// X (B, steps) token ids.
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
                                                   const DecoderState& state) override;

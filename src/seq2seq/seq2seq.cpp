@@ -77,32 +77,44 @@ void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2Se
 }
 
 // The attention decoder's state as init_state makes it, whatever the caller
-// did to it since: enc_outputs (B, m, h) and projected_keys of the same shape
-// in the dtype and on the device of the attention's weights, enc_valid_lens
-// undefined or (B) whole non-negative numbers. (hidden_state is checked by
-// check_hidden_state.)
+// did to it since: enc_outputs (B, m, h) in the dtype and on the device of
+// the attention's weights, enc_valid_lens undefined or (B) whole non-negative
+// numbers. (hidden_state is checked by check_hidden_state.)
 void check_attention_state(const char* fn, const DecoderState& state, int64_t batch,
                            const Seq2SeqOptions& o, const AdditiveAttention& attention) {
   detail::check_strided_layout(fn, "state.enc_outputs", state.enc_outputs);
-  detail::check_strided_layout(fn, "state.projected_keys", state.projected_keys);
   TORCH_CHECK(state.enc_outputs.defined() && state.enc_outputs.dim() == 3 &&
                   state.enc_outputs.size(0) == batch &&
-                  state.enc_outputs.size(2) == o.num_hiddens() && state.projected_keys.defined() &&
-                  state.projected_keys.sizes() == state.enc_outputs.sizes(),
+                  state.enc_outputs.size(2) == o.num_hiddens(),
               fmt::format("{}: state must come from init_state: state.enc_outputs must be "
-                          "[batch_size={}, num_enc_steps, num_hiddens={}] and "
-                          "state.projected_keys of the same shape, got {} and {}",
-                          fn, batch, o.num_hiddens(), detail::shape_of(state.enc_outputs),
-                          detail::shape_of(state.projected_keys)));
+                          "[batch_size={}, num_enc_steps, num_hiddens={}], got {}",
+                          fn, batch, o.num_hiddens(), detail::shape_of(state.enc_outputs)));
   const auto& weight = attention->W_q->weight;
-  const auto check_kind = [&](const char* name, const torch::Tensor& t) {
-    detail::check_same_device(fn, "attention.W_q.weight", weight, name, t);
-    detail::check_same_dtype(fn, "attention.W_q.weight", weight, name, t);
-  };
-  check_kind("state.enc_outputs", state.enc_outputs);
-  check_kind("state.projected_keys", state.projected_keys);
+  detail::check_same_device(fn, "attention.W_q.weight", weight, "state.enc_outputs",
+                            state.enc_outputs);
+  detail::check_same_dtype(fn, "attention.W_q.weight", weight, "state.enc_outputs",
+                           state.enc_outputs);
   check_enc_valid_lens(fn, "state.enc_valid_lens", state.enc_valid_lens, batch, state.enc_outputs,
                        "state.enc_outputs");
+}
+
+// The attention's keys, W_k(enc_outputs), projected once by init_state: the
+// keys never change while a sequence is decoded.
+struct AttentionKeysCache : DecoderCache {
+  torch::Tensor source, projected_keys;
+};
+
+// The state's projected keys: its cache's when made from its enc_outputs,
+// else projected now (a state whose enc_outputs the caller replaced).
+torch::Tensor projected_keys(const char* fn, const DecoderState& state,
+                             AdditiveAttention attention) {
+  const auto* cache = dynamic_cast<const AttentionKeysCache*>(state.cache.get());
+  TORCH_CHECK(cache != nullptr,
+              fmt::format("{}: state must come from init_state: state.cache holds no projected "
+                          "keys of this decoder (a state made by hand, or by another decoder?)",
+                          fn));
+  if (cache->source.is_same(state.enc_outputs)) return cache->projected_keys;
+  return attention->W_k(state.enc_outputs);
 }
 
 }  // namespace
@@ -238,7 +250,15 @@ DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_ou
   state.enc_outputs = enc_outputs.outputs.permute({1, 0, 2});
   state.hidden_state = enc_outputs.hidden_state;
   state.enc_valid_lens = enc_valid_lens;
-  state.projected_keys = attention->W_k(state.enc_outputs);
+  auto cache = std::make_shared<AttentionKeysCache>();
+  cache->source = state.enc_outputs;
+  cache->projected_keys = attention->W_k(state.enc_outputs);
+  // The deprecated field, still filled for readers until it goes.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  state.projected_keys = cache->projected_keys;
+#pragma GCC diagnostic pop
+  state.cache = std::move(cache);
   return state;
 }
 
@@ -249,6 +269,7 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
   const int64_t batch = X.size(0);
   check_hidden_state(fn, "state.hidden_state", state.hidden_state, batch, options, rnn);
   check_attention_state(fn, state, batch, options, attention);
+  const auto keys = projected_keys(fn, state, attention);
 
   const auto embedded = embedding(tokens).permute({1, 0, 2});
   auto hidden_state = state.hidden_state;
@@ -260,7 +281,7 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
     // Same as attention(query, enc_outputs, enc_outputs, enc_valid_lens), with
     // the keys projected once by init_state.
     auto [context, step_weights] = detail::additive_attention_projected(
-        attention->W_q(query), state.projected_keys, state.enc_outputs, attention->w_v->weight,
+        attention->W_q(query), keys, state.enc_outputs, attention->w_v->weight,
         state.enc_valid_lens, attention->dropout->options.p(), attention->dropout->is_training(),
         attention->options.backend());
     if (attention->options.record_attention_weights()) {

@@ -33,6 +33,16 @@ void check_encoder_state(const char* fn, const DecoderState& state, int64_t batc
   detail::check_same_device(fn, "the decoder's weights", weight, "state.enc_outputs", enc);
   detail::check_enc_valid_lens(fn, "state.enc_valid_lens", state.enc_valid_lens, batch, enc,
                                "state.enc_outputs");
+  const auto& padding = state.enc_key_padding_mask;
+  if (!padding.defined()) return;
+  detail::check_strided_layout(fn, "state.enc_key_padding_mask", padding);
+  TORCH_CHECK(padding.scalar_type() == torch::kBool && padding.dim() == 2 &&
+                  padding.size(0) == batch && padding.size(1) == enc.size(1),
+              fmt::format("{}: state.enc_key_padding_mask must be a torch::kBool tensor of shape "
+                          "[batch_size={}, num_enc_steps={}] like state.enc_outputs {}, got {} {}",
+                          fn, batch, enc.size(1), detail::shape_of(enc),
+                          c10::toString(padding.scalar_type()), detail::shape_of(padding)));
+  detail::check_same_device(fn, "state.enc_outputs", enc, "state.enc_key_padding_mask", padding);
 }
 
 // Block i's past inputs: undefined, or (B, steps so far, num_hiddens) like X.
@@ -53,14 +63,11 @@ void check_key_values(const char* fn, const DecoderState& state, int64_t i,
   detail::check_same_device(fn, "X", X, "state.key_values[i]", past);
 }
 
-// The book's transpose_output(attention(transpose_qkv(W_q(queries)), keys,
-// values, lens)) through W_o, for keys and values already projected and split.
-torch::Tensor attend_projected(MultiHeadAttentionImpl& mha, const torch::Tensor& queries,
-                               const torch::Tensor& keys, const torch::Tensor& values,
-                               const torch::Tensor& lens) {
-  const int64_t heads = mha.options.num_heads();
-  const auto out = mha.attention(transpose_qkv(mha.W_q(queries), heads), keys, values, lens);
-  return mha.W_o(transpose_output(out, heads));
+// What the encoder-decoder attention masks: the encoder's padding.
+AttentionMask source_mask(const DecoderState& state) {
+  return AttentionMask()
+      .valid_lens(state.enc_valid_lens)
+      .key_padding_mask(state.enc_key_padding_mask);
 }
 
 }  // namespace
@@ -120,53 +127,50 @@ std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward_checked(
   DecoderState next = state;
   const auto slot = static_cast<size_t>(i);
   const auto& past = state.key_values[slot];
+  // In training, as the book, the lengths 1..steps; in evaluation, every
+  // key, or with `causal` each query's own and earlier ones.
+  AttentionMask self_mask;
+  if (is_training()) {
+    self_mask.valid_lens(
+        torch::arange(1, X.size(1) + 1, X.options().dtype(torch::kLong)).repeat({X.size(0), 1}));
+  } else if (options.causal()) {
+    self_mask.is_causal(true);
+  }
   torch::Tensor Y, Y2;
   if (!is_training() && !torch::GradMode::is_enabled()) {
     // Note [The decoder's step cache]: the same numbers as the branch below.
-    const int64_t heads = options.num_heads();
-    auto cache = state.step_cache ? std::make_shared<detail::StepCache>(*state.step_cache)
-                                  : std::make_shared<detail::StepCache>();
+    auto* old = dynamic_cast<const detail::TransformerDecoderCache*>(state.cache.get());
+    auto cache = old ? std::make_shared<detail::TransformerDecoderCache>(*old)
+                     : std::make_shared<detail::TransformerDecoderCache>();
     if (cache->blocks.size() <= slot) cache->blocks.resize(slot + 1);
     auto& block = cache->blocks[slot];
     if (!block || !block->serves(past)) {
-      block = std::make_shared<detail::BlockCache>();
-      if (past.defined()) {
-        block->append(past, transpose_qkv(attention1->W_k(past), heads),
-                      transpose_qkv(attention1->W_v(past), heads));
+      auto fresh = std::make_shared<detail::BlockCache>();
+      if (block) {  // The encoder's projections do not depend on the branch.
+        fresh->cross_source = block->cross_source;
+        fresh->cross_attention = block->cross_attention;
       }
+      if (past.defined()) {
+        fresh->append_inputs(past);
+        attention1->extend_cache(fresh->self_attention, past, past);
+      }
+      block = std::move(fresh);
     }
-    block->append(X, transpose_qkv(attention1->W_k(X), heads),
-                  transpose_qkv(attention1->W_v(X), heads));
+    block->append_inputs(X);
     next.key_values[slot] = block->filled_inputs();
-    Y = addnorm1(X, attend_projected(*attention1, X, block->filled_keys(), block->filled_values(),
-                                     torch::Tensor()));
-    if (!block->cross_source.defined() || !block->cross_source.is_same(state.enc_outputs)) {
+    Y = addnorm1(X, attention1->forward_cached(X, X, X, block->self_attention, self_mask));
+    if (!block->cross_source.is_same(state.enc_outputs)) {
+      block->cross_attention = attention2->project_memory(state.enc_outputs, state.enc_outputs);
       block->cross_source = state.enc_outputs;
-      block->cross_keys = transpose_qkv(attention2->W_k(state.enc_outputs), heads);
-      block->cross_values = transpose_qkv(attention2->W_v(state.enc_outputs), heads);
     }
-    // The lengths per head, once a decoding as the keys are.
-    const auto& enc_lens = state.enc_valid_lens;
-    if (!enc_lens.defined()) {
-      block->cross_lens_source = block->cross_lens = torch::Tensor();
-    } else if (!block->cross_lens_source.is_same(enc_lens)) {
-      block->cross_lens_source = enc_lens;
-      block->cross_lens = enc_lens.repeat_interleave(heads, /*dim=*/0);
-    }
-    Y2 = attend_projected(*attention2, Y, block->cross_keys, block->cross_values,
-                          block->cross_lens);
-    next.step_cache = std::move(cache);
+    Y2 = attention2->forward_cached(Y, {}, {}, block->cross_attention, source_mask(state));
+    next.cache = std::move(cache);
   } else {
     // The book's code.
     const auto key_values = past.defined() ? torch::cat({past, X}, 1) : X;
     next.key_values[slot] = key_values;
-    torch::Tensor dec_valid_lens;
-    if (is_training()) {
-      dec_valid_lens = torch::arange(1, X.size(1) + 1, X.options().dtype(torch::kLong))
-                           .repeat({X.size(0), 1});
-    }
-    Y = addnorm1(X, attention1(X, key_values, key_values, dec_valid_lens));
-    Y2 = attention2(Y, state.enc_outputs, state.enc_outputs, state.enc_valid_lens);
+    Y = addnorm1(X, attention1->forward(X, key_values, key_values, self_mask));
+    Y2 = attention2->forward(Y, state.enc_outputs, state.enc_outputs, source_mask(state));
   }
   const auto Z = addnorm2(Y, Y2);
   return {addnorm3(Z, ffn(Z)), std::move(next)};
@@ -221,6 +225,11 @@ DecoderBlock TransformerDecoderImpl::block(int64_t i) const {
 
 DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs,
                                                 const torch::Tensor& enc_valid_lens) {
+  return init_state(enc_outputs, AttentionMask().valid_lens(enc_valid_lens));
+}
+
+DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs,
+                                                const AttentionMask& src_mask) {
   constexpr const char* fn = "d2l::TransformerDecoder::init_state";
   const auto& out = enc_outputs.outputs;
   TORCH_CHECK(!enc_outputs.hidden_state.defined() && out.defined() && out.dim() == 3,
@@ -231,7 +240,8 @@ DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs
                           enc_outputs.hidden_state.defined() ? " (an RNN encoder's?)" : ""));
   DecoderState state;
   state.enc_outputs = out;
-  state.enc_valid_lens = enc_valid_lens;
+  state.enc_valid_lens = src_mask.valid_lens();
+  state.enc_key_padding_mask = src_mask.key_padding_mask();
   check_encoder_state(fn, state, out.size(0), options.block(), embedding->weight);
   state.key_values.resize(static_cast<size_t>(options.num_layers()));
   return state;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <utility>
 
+#include "attention_mask_internal.h"
 #include "checked_load.h"
 #include "checks.h"
 #include "seq2seq/sequence_checks.h"
@@ -165,8 +166,8 @@ void EncoderBlockImpl::pretty_print(std::ostream& stream) const {
   stream << detail::describe_block("d2l::EncoderBlock", options);
 }
 
-torch::Tensor EncoderBlockImpl::forward(const torch::Tensor& X, const torch::Tensor& valid_lens) {
-  const auto Y = addnorm1(X, attention(X, X, X, valid_lens));
+torch::Tensor EncoderBlockImpl::forward(const torch::Tensor& X, const AttentionMask& mask) {
+  const auto Y = addnorm1(X, attention->forward(X, X, X, mask));
   return addnorm2(Y, ffn(Y));
 }
 
@@ -215,13 +216,24 @@ EncoderBlock TransformerEncoderImpl::block(int64_t i) const {
 
 EncoderOutput TransformerEncoderImpl::forward(const torch::Tensor& X,
                                               const torch::Tensor& valid_lens) {
+  return forward_masked(X, valid_lens);
+}
+
+EncoderOutput TransformerEncoderImpl::forward_masked(const torch::Tensor& X,
+                                                     const AttentionMask& mask) {
   constexpr const char* fn = "d2l::TransformerEncoder";
   const auto tokens = detail::checked_tokens(fn, X, embedding);
-  detail::check_enc_valid_lens(fn, "valid_lens", valid_lens, X.size(0), X, "X");
+  detail::check_enc_valid_lens(fn, "valid_lens", mask.valid_lens(), X.size(0), X, "X");
+  // The masks against n queries and keys of the embedding's dtype and
+  // device, once for all blocks, with errors in the encoder's name.
+  const auto& weight = embedding->weight;
+  const auto steps = torch::empty({1}, weight.options())
+                         .expand({X.size(0), X.size(1), options.block().num_hiddens()});
+  detail::check_masks(fn, mask, steps, steps, options.block().num_heads());
   // The positional encoding lies in [-1, 1]: the embedding is scaled up first.
   auto H = pos_encoding(embedding(tokens) *
                         std::sqrt(static_cast<double>(options.block().num_hiddens())));
-  for (int64_t i = 0; i < options.num_layers(); ++i) H = block(i)(H, valid_lens);
+  for (int64_t i = 0; i < options.num_layers(); ++i) H = block(i)->forward(H, mask);
   EncoderOutput out;
   out.outputs = std::move(H);
   return out;

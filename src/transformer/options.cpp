@@ -59,10 +59,10 @@ void check_transformer_options(const char* fn, const TransformerOptions& o) {
 std::string describe_block(const char* fn, const TransformerBlockOptions& o) {
   return fmt::format("{}(key_size={}, query_size={}, value_size={}, num_hiddens={}, "
                      "norm_shape=[{}], ffn_num_input={}, ffn_num_hiddens={}, num_heads={}, "
-                     "dropout={}, use_bias={})",
+                     "dropout={}, use_bias={}{})",
                      fn, o.key_size(), o.query_size(), o.value_size(), o.num_hiddens(),
                      fmt::join(o.norm_shape(), ", "), o.ffn_num_input(), o.ffn_num_hiddens(),
-                     o.num_heads(), o.dropout(), o.use_bias());
+                     o.num_heads(), o.dropout(), o.use_bias(), o.causal() ? ", causal=true" : "");
 }
 
 std::string describe_transformer(const char* fn, const TransformerOptions& o) {
