@@ -20,20 +20,6 @@
 
 namespace d2l::detail {
 
-/// Whether heads of n queries, m keys and d features run on the small-head
-/// kernels: each holds its scores row by row, and its weights (n × m) are
-/// kept for the backward. Larger heads run on the flash kernel, whose blocks
-/// pay for themselves from about these sizes. Measured with
-/// `bench_transformer`'s mha_size cases (self-attention of 4 heads, batch 16,
-/// forward+backward, 1 thread, AVX-512 floats), against a build that sent
-/// every head to the flash kernel: with d = 8 and 16, 0.38 to 0.68 of the
-/// flash path's time at 8 × 8 to 24 × 24 and 0.84 at 64 × 64; with d = 64,
-/// 0.82 to 0.88 up to 24 × 24, the same time at 32 × 32 and 40 × 40, and
-/// 1.28 at 48 × 48.
-inline bool small_heads(int64_t n, int64_t m, int64_t d) {
-  return n * m <= (d <= 16 ? 4096 : 1024);
-}
-
 /// functional::multi_head_attention's checks, with messages naming `fn` (the
 /// function or the module that was called; a module passes its options,
 /// checked after the inputs' own shapes), and what decides its path: the

@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "linear.h"
-#include "multi_head_attention_internal.h"
 
 namespace d2l {
 

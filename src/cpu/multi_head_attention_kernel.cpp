@@ -43,7 +43,7 @@
 // so nothing stored in padding (inf, NaN) reaches an output; keys that no
 // row sees get zero gradients. A head's weights are held whole for the
 // backward, so the caller keeps these kernels to small heads (small_heads in
-// multi_head_attention_internal.h, with the measurements that chose it); larger
+// select.h, with the measurements that chose it); larger
 // heads go to the flash kernel.
 
 namespace d2l::cpu {
