@@ -323,9 +323,13 @@ std::tuple<torch::Tensor, torch::Tensor> run(const char* fn, const torch::Tensor
     if (log) detail::log_path(fn, o.backend(), "additive_mask", {p.why_additive});
     std::tie(out, weights) = additive_path(p, query, key, value, o);
   } else {
-    std::tie(out, weights) = d2l::functional::multi_head_attention(
-        batch_major(query, o.batch_first()), batch_major(key, o.batch_first()),
-        batch_major(value, o.batch_first()), {}, fast_options(p, o));
+    // Self-attention passed as one tensor (by identity, never by value) is
+    // laid out batch-major once; the projections read it three times.
+    const auto q = batch_major(query, o.batch_first()).contiguous();
+    const auto k = key.is_same(query) ? q : batch_major(key, o.batch_first());
+    const auto v = value.is_same(query) ? q : value.is_same(key) ? k
+                                                                 : batch_major(value, o.batch_first());
+    std::tie(out, weights) = d2l::functional::multi_head_attention(q, k, v, {}, fast_options(p, o));
     if (weights.defined()) weights = weights.reshape({p.s.N, o.num_heads(), p.s.L, p.s.S});
   }
   if (!o.batch_first()) out = out.transpose(0, 1).contiguous();
