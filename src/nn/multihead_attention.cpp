@@ -70,9 +70,10 @@ void check_mask_kind(const char* fn, const char* name, const torch::Tensor& mask
   detail::check_same_device(fn, "query", query, name, mask);
 }
 
-Sizes check_call(const char* fn, const torch::Tensor& query, const torch::Tensor& key,
-                 const torch::Tensor& value,
-                 const functional::MultiheadAttentionForwardFuncOptions& o) {
+// query, key and value: 3-D, floating, one dtype and device, matching sizes.
+Sizes check_inputs(const char* fn, const torch::Tensor& query, const torch::Tensor& key,
+                   const torch::Tensor& value,
+                   const functional::MultiheadAttentionForwardFuncOptions& o) {
   const bool bf = o.batch_first();
   const auto expect = [&](const char* name, const torch::Tensor& t, const char* seq) {
     TORCH_CHECK(t.defined(), fmt::format("{}: {} must be a defined tensor", fn, name));
@@ -100,6 +101,13 @@ Sizes check_call(const char* fn, const torch::Tensor& query, const torch::Tensor
               fmt::format("{}: key and value must have the same sequence length (dim {}), got "
                           "key {} and value {}",
                           fn, seq, shape_of(key), shape_of(value)));
+  return s;
+}
+
+// The projections, bias_k/bias_v and dropout against embed_dim and the inputs.
+void check_weights(const char* fn, const Sizes& s, const torch::Tensor& query,
+                   const torch::Tensor& key, const torch::Tensor& value,
+                   const functional::MultiheadAttentionForwardFuncOptions& o) {
   const int64_t E = o.embed_dim_to_check(), heads = o.num_heads();
   TORCH_CHECK(s.E == E, fmt::format("{}: query must have embed_dim={} features, got query {}", fn,
                                     E, shape_of(query)));
@@ -129,7 +137,13 @@ Sizes check_call(const char* fn, const torch::Tensor& query, const torch::Tensor
   check_vector(fn, "bias_k", o.bias_k(), {1, 1, E}, query);
   check_vector(fn, "bias_v", o.bias_v(), {1, 1, E}, query);
   detail::check_dropout(fn, o.dropout_p());
+}
 
+// The masks' dtypes, ranks, shapes and devices, and is_causal's S >= L.
+void check_masks(const char* fn, const Sizes& s, const torch::Tensor& query,
+                 const torch::Tensor& key,
+                 const functional::MultiheadAttentionForwardFuncOptions& o) {
+  const int64_t heads = o.num_heads();
   if (const auto& kpm = o.key_padding_mask(); kpm.defined()) {
     check_mask_kind(fn, "key_padding_mask", kpm, query);
     TORCH_CHECK(kpm.dim() == 2 && kpm.size(0) == s.N && kpm.size(1) == s.S,
@@ -152,6 +166,14 @@ Sizes check_call(const char* fn, const torch::Tensor& query, const torch::Tensor
               fmt::format("{}: is_causal needs at least as many keys as queries (query i sees "
                           "keys j <= i + S - L), got L={} and S={}",
                           fn, s.L, s.S));
+}
+
+Sizes check_call(const char* fn, const torch::Tensor& query, const torch::Tensor& key,
+                 const torch::Tensor& value,
+                 const functional::MultiheadAttentionForwardFuncOptions& o) {
+  const auto s = check_inputs(fn, query, key, value, o);
+  check_weights(fn, s, query, key, value, o);
+  check_masks(fn, s, query, key, o);
   return s;
 }
 
