@@ -9,6 +9,9 @@
 //   (ours: is_causal; LibTorch's: the same mask as a -inf float attn_mask).
 //   Shapes: small (L 10, N 64, E 32, 4 heads) and large (L 128, N 32, E 512,
 //   8 heads).
+// - nn/mha_large/floor/projections: the four projections alone (forward and
+//   backward of three Linears of one input and the output Linear): the GEMMs
+//   that both implementations run, a floor for either.
 // - nn/encoder6/default/<impl>: 6 TransformerEncoderLayers (d_model 512,
 //   nhead 8, dim_feedforward 2048, dropout 0.1, training) on (L 128, N 8).
 //
@@ -96,6 +99,24 @@ void mha_cases(const MhaShape& s) {
                 x, theirs->parameters());
 }
 
+// The four projections of self-attention alone (three from one input, the
+// output projection of their sum): what any implementation spends in GEMMs.
+void projection_floor(const MhaShape& s) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({s.N, s.L, s.E});
+  std::vector<torch::Tensor> W;
+  for (int i = 0; i < 4; ++i) {
+    W.push_back((torch::randn({s.E, s.E}) / std::sqrt(static_cast<double>(s.E))).requires_grad_());
+  }
+  register_case(fmt::format("nn/mha_{}/floor/projections/fwd_bwd/threads:1", s.name),
+                [W](const torch::Tensor& t) {
+                  namespace F = torch::nn::functional;
+                  return F::linear(F::linear(t, W[0]) + F::linear(t, W[1]) + F::linear(t, W[2]),
+                                   W[3]);
+                },
+                x, W);
+}
+
 void encoder_cases() {
   constexpr int64_t layers = 6, d_model = 512, nhead = 8, L = 128, N = 8;
   torch::manual_seed(2);
@@ -127,6 +148,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
   mha_cases({"small", 10, 64, 32, 4});
   mha_cases({"large", 128, 32, 512, 8});
+  projection_floor({"large", 128, 32, 512, 8});
   encoder_cases();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -71,6 +71,12 @@ def table(path):
         out.append(f"| {what} | {ms(ours[0])} / {ms(ours[1])} | {ms(theirs[0])} / "
                    f"{ms(theirs[1])} | {ratio_real:.2f} | {ratio_cpu:.2f} | "
                    f"<= {goal} ({met}) |")
+    floor = med.get(("mha_large", "floor", "projections"))
+    large = med.get(("mha_large", "default", "torch_nn"))
+    if floor and large:
+        out.append(f"\nThe four projections alone at L 128, N 32, E 512 (GEMMs both run): "
+                   f"{ms(floor[0])} / {ms(floor[1])}, {floor[1] / large[1]:.2f} of torch::nn's "
+                   "default call (CPU).")
     return "\n".join(out) + "\n", context
 
 

@@ -6,6 +6,7 @@
 
 #include <d2l/nn.h>
 #include <d2l/state_dict.h>
+#include <torch/version.h>
 
 #include <fmt/format.h>
 
@@ -255,6 +256,43 @@ TEST(NnMultiheadAttention, BooleanAttnMaskMasksWhereLibTorchAddsIt) {
   auto [out_float, w_float] = ours(q, k, k, torch::Tensor(), true, as_additive(mask));
   EXPECT_LT(max_rel_error(out_bool, out_float), 1e-6);
   EXPECT_TRUE(torch::all(w_bool.masked_select(mask.expand_as(w_bool)) == 0).item<bool>());
+}
+
+// What docs/nn.md says LibTorch's C++ module does where it differs from
+// Python; when a LibTorch changes one of these, the page must change too.
+TEST(NnMultiheadAttention, LibTorchCppDiffersAsDocumented) {
+  torch::manual_seed(4);
+  torch::nn::MultiheadAttention ref(kNnE, kNnHeads);
+  ref->eval();
+  const auto q = torch::randn({kNnL, kNnN, kNnE}), k = torch::randn({kNnS, kNnN, kNnE});
+  const auto mask = nn_attn_bool();
+  // A boolean attn_mask is added (as 0/1), so no weight is zeroed.
+  const auto weights = std::get<1>(ref(q, k, k, torch::Tensor(), true, mask));
+  EXPECT_TRUE(torch::all(weights.masked_select(mask.expand_as(weights)) > 0).item<bool>());
+  EXPECT_FALSE(torch::allclose(weights, std::get<1>(ref(q, k, k, torch::Tensor(), true,
+                                                          as_additive(mask)))));
+  // A float key_padding_mask is not added: 1.13's masked_fill misreads it
+  // (nothing is masked), 2.x's refuses it.
+  const auto padding = as_additive(nn_padding());
+#if TORCH_VERSION_MAJOR < 2
+  EXPECT_TRUE(torch::equal(std::get<0>(ref(q, k, k, padding)), std::get<0>(ref(q, k, k))));
+#else
+  EXPECT_THROW(ref(q, k, k, padding), c10::Error);
+#endif
+  // A per-head (N * heads, L, S) attn_mask and kdim != vdim throw.
+  EXPECT_THROW(ref(q, k, k, torch::Tensor(), true,
+                   torch::zeros({kNnN * kNnHeads, kNnL, kNnS}, torch::kBool)),
+               c10::Error);
+  torch::nn::MultiheadAttention kv(
+      torch::nn::MultiheadAttentionOptions(kNnE, kNnHeads).kdim(6).vdim(4));
+  EXPECT_THROW(kv(q, torch::randn({kNnS, kNnN, 6}), torch::randn({kNnS, kNnN, 4})), c10::Error);
+  // Self-attention found by value: a key and value equal to the query get no gradient.
+  const auto x = torch::randn({kNnL, kNnN, kNnE});
+  const auto a = x.clone().requires_grad_(), b = x.clone().requires_grad_(),
+             c = x.clone().requires_grad_();
+  std::get<0>(ref(a, b, c)).sum().backward();
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined() || c.grad().defined());
 }
 
 TEST(NnMultiheadAttention, KeyEqualToQueryInValueGetsItsGradient) {

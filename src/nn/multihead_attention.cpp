@@ -10,6 +10,7 @@
 #include <d2l/nn.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
@@ -265,9 +266,7 @@ d2l::functional::MultiHeadAttentionFuncOptions fast_options(
 // elsewhere; the `extra` appended keys are seen by every query.
 torch::Tensor additive_mask(const Plan& p, const functional::MultiheadAttentionForwardFuncOptions& o,
                             const torch::TensorOptions& options, int64_t extra) {
-  const auto [L, S, N, E] = p.s;
-  (void)E;
-  const int64_t heads = o.num_heads();
+  const int64_t L = p.s.L, S = p.s.S, N = p.s.N, heads = o.num_heads();
   const double minus_inf = -std::numeric_limits<double>::infinity();
   const auto as_float = [&](const ReadMask& m) {
     if (m.additive.defined()) return m.additive;
@@ -286,7 +285,7 @@ torch::Tensor additive_mask(const Plan& p, const functional::MultiheadAttentionF
   if (!mask.defined() || extra == 0) return mask;
   auto sizes = mask.sizes().vec();
   sizes.back() = extra;
-  return torch::cat({mask, torch::zeros(sizes, options).expand(sizes)}, -1);
+  return torch::cat({mask, torch::zeros(sizes, options)}, -1);
 }
 
 // Python's multi-head attention with an additive mask: the projections, the

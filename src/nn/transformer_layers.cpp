@@ -6,6 +6,7 @@
 #include <d2l/nn.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/normalization.h>
 #include <torch/nn/init.h>
