@@ -39,22 +39,24 @@ struct MhaShape {
 
 // Times forward and backward of sum(out) into `x` and `params`, gradients
 // reset every iteration.
-void register_case(const std::string& name, std::function<torch::Tensor(const torch::Tensor&)> forward,
-                   torch::Tensor x, std::vector<torch::Tensor> params) {
-  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) mutable {
-    d2l::set_num_threads(1);
-    x = x.detach().requires_grad_();
-    const auto once = [&] {
-      x.mutable_grad().reset();
-      for (auto& p : params) p.mutable_grad().reset();
-      auto out = forward(x);
-      out.backward(torch::ones_like(out));
-      benchmark::DoNotOptimize(out);
-    };
-    once();  // warm-up: allocator, lazy initialisation
-    for (auto _ : state) once();
-    state.counters["threads"] = 1;
-  })
+void register_case(const std::string& name,
+                   std::function<torch::Tensor(const torch::Tensor&)> forward, torch::Tensor x,
+                   std::vector<torch::Tensor> params) {
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [=](benchmark::State& state) mutable {
+                                 d2l::set_num_threads(1);
+                                 x = x.detach().requires_grad_();
+                                 const auto once = [&] {
+                                   x.mutable_grad().reset();
+                                   for (auto& p : params) p.mutable_grad().reset();
+                                   auto out = forward(x);
+                                   out.backward(torch::ones_like(out));
+                                   benchmark::DoNotOptimize(out);
+                                 };
+                                 once();  // warm-up: allocator, lazy initialisation
+                                 for (auto _ : state) once();
+                                 state.counters["threads"] = 1;
+                               })
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
 }
@@ -71,32 +73,35 @@ void mha_cases(const MhaShape& s) {
     for (const auto& p : theirs->named_parameters()) mine[p.key()].copy_(p.value());
   }
   const auto prefix = fmt::format("nn/mha_{}", s.name);
-  register_case(prefix + "/default/d2l/fwd_bwd/threads:1",
-                [=](const torch::Tensor& t) mutable {
-                  auto [out, w] = ours(t, t, t);
-                  benchmark::DoNotOptimize(w);
-                  return out;
-                },
-                x, ours->parameters());
-  register_case(prefix + "/default/torch_nn/fwd_bwd/threads:1",
-                [=](const torch::Tensor& t) mutable {
-                  auto [out, w] = theirs(t, t, t);
-                  benchmark::DoNotOptimize(w);
-                  return out;
-                },
-                x, theirs->parameters());
-  register_case(prefix + "/causal/d2l/fwd_bwd/threads:1",
-                [=](const torch::Tensor& t) mutable {
-                  return std::get<0>(ours(t, t, t, torch::Tensor(), /*need_weights=*/false,
-                                          torch::Tensor(), true, /*is_causal=*/true));
-                },
-                x, ours->parameters());
-  register_case(prefix + "/causal/torch_nn/fwd_bwd/threads:1",
-                [=](const torch::Tensor& t) mutable {
-                  return std::get<0>(
-                      theirs(t, t, t, torch::Tensor(), /*need_weights=*/false, causal));
-                },
-                x, theirs->parameters());
+  register_case(
+      prefix + "/default/d2l/fwd_bwd/threads:1",
+      [=](const torch::Tensor& t) mutable {
+        auto [out, w] = ours(t, t, t);
+        benchmark::DoNotOptimize(w);
+        return out;
+      },
+      x, ours->parameters());
+  register_case(
+      prefix + "/default/torch_nn/fwd_bwd/threads:1",
+      [=](const torch::Tensor& t) mutable {
+        auto [out, w] = theirs(t, t, t);
+        benchmark::DoNotOptimize(w);
+        return out;
+      },
+      x, theirs->parameters());
+  register_case(
+      prefix + "/causal/d2l/fwd_bwd/threads:1",
+      [=](const torch::Tensor& t) mutable {
+        return std::get<0>(ours(t, t, t, torch::Tensor(), /*need_weights=*/false, torch::Tensor(),
+                                true, /*is_causal=*/true));
+      },
+      x, ours->parameters());
+  register_case(
+      prefix + "/causal/torch_nn/fwd_bwd/threads:1",
+      [=](const torch::Tensor& t) mutable {
+        return std::get<0>(theirs(t, t, t, torch::Tensor(), /*need_weights=*/false, causal));
+      },
+      x, theirs->parameters());
 }
 
 // The four projections of self-attention alone (three from one input, the
@@ -108,13 +113,13 @@ void projection_floor(const MhaShape& s) {
   for (int i = 0; i < 4; ++i) {
     W.push_back((torch::randn({s.E, s.E}) / std::sqrt(static_cast<double>(s.E))).requires_grad_());
   }
-  register_case(fmt::format("nn/mha_{}/floor/projections/fwd_bwd/threads:1", s.name),
-                [W](const torch::Tensor& t) {
-                  namespace F = torch::nn::functional;
-                  return F::linear(F::linear(t, W[0]) + F::linear(t, W[1]) + F::linear(t, W[2]),
-                                   W[3]);
-                },
-                x, W);
+  register_case(
+      fmt::format("nn/mha_{}/floor/projections/fwd_bwd/threads:1", s.name),
+      [W](const torch::Tensor& t) {
+        namespace F = torch::nn::functional;
+        return F::linear(F::linear(t, W[0]) + F::linear(t, W[1]) + F::linear(t, W[2]), W[3]);
+      },
+      x, W);
 }
 
 void encoder_cases() {
@@ -123,7 +128,8 @@ void encoder_cases() {
   const auto x = torch::randn({L, N, d_model});
   torch::nn::Sequential theirs, ours;
   for (int64_t i = 0; i < layers; ++i) {
-    torch::nn::TransformerEncoderLayer ref(torch::nn::TransformerEncoderLayerOptions(d_model, nhead));
+    torch::nn::TransformerEncoderLayer ref(
+        torch::nn::TransformerEncoderLayerOptions(d_model, nhead));
     d2l::nn::TransformerEncoderLayer mine(d2l::nn::TransformerEncoderLayerOptions(d_model, nhead));
     torch::NoGradGuard no_grad;
     auto params = mine->named_parameters();
@@ -133,12 +139,12 @@ void encoder_cases() {
   }
   theirs->train();
   ours->train();
-  register_case("nn/encoder6/default/d2l/fwd_bwd/threads:1",
-                [=](const torch::Tensor& t) mutable { return ours->forward(t); }, x,
-                ours->parameters());
-  register_case("nn/encoder6/default/torch_nn/fwd_bwd/threads:1",
-                [=](const torch::Tensor& t) mutable { return theirs->forward(t); }, x,
-                theirs->parameters());
+  register_case(
+      "nn/encoder6/default/d2l/fwd_bwd/threads:1",
+      [=](const torch::Tensor& t) mutable { return ours->forward(t); }, x, ours->parameters());
+  register_case(
+      "nn/encoder6/default/torch_nn/fwd_bwd/threads:1",
+      [=](const torch::Tensor& t) mutable { return theirs->forward(t); }, x, theirs->parameters());
 }
 
 }  // namespace

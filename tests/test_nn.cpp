@@ -164,9 +164,9 @@ TEST(NnMultiheadAttention, EqualsLibTorchOnEveryMaskAndOption) {
       {"self_attention", kNnE, true, false, false, true},
       {"batch_first", kNnE, true, false, false, false, true},
   };
-  const std::vector<std::string> kinds = {"none",        "kpm_bool",       "attn_bool",
-                                          "attn_float",  "attn_neginf",    "kpm_attn_float",
-                                          "causal",      "causal_kpm"};
+  const std::vector<std::string> kinds = {"none",       "kpm_bool",    "attn_bool",
+                                          "attn_float", "attn_neginf", "kpm_attn_float",
+                                          "causal",     "causal_kpm"};
   const std::vector<NnCall> calls = {{true, true}, {true, false}, {false, true}};
   NnErrors worst;
   uint64_t seed = 100;
@@ -187,10 +187,10 @@ TEST(NnMultiheadAttention, EqualsLibTorchOnEveryMaskAndOption) {
   }
   RecordProperty("max_errors", fmt::format("output {:.3g} weights {:.3g} grads {:.3g}",
                                            worst.output, worst.weights, worst.grads));
-  std::cout << fmt::format("[ nn parity vs LibTorch ] {} cases: output {:.3g}, weights {:.3g}, "
-                           "gradients {:.3g}\n",
-                           variants.size() * kinds.size() * calls.size(), worst.output,
-                           worst.weights, worst.grads);
+  std::cout << fmt::format(
+      "[ nn parity vs LibTorch ] {} cases: output {:.3g}, weights {:.3g}, "
+      "gradients {:.3g}\n",
+      variants.size() * kinds.size() * calls.size(), worst.output, worst.weights, worst.grads);
 }
 
 // Python's torch.nn.MultiheadAttention, where LibTorch's C++ differs or lacks
@@ -211,8 +211,8 @@ void expect_python_mha(const std::string& name) {
   ours->eval();
   load_fixture_parameters(f, *ours);
   const bool self = flag("self_attention");
-  std::vector<std::string> names = self ? std::vector<std::string>{"query"}
-                                        : std::vector<std::string>{"query", "key", "value"};
+  std::vector<std::string> names =
+      self ? std::vector<std::string>{"query"} : std::vector<std::string>{"query", "key", "value"};
   std::vector<torch::Tensor> inputs;
   for (const auto& n : names) inputs.push_back(f.tensor(n).clone().requires_grad_());
   const auto& q = inputs[0];
@@ -269,8 +269,8 @@ TEST(NnMultiheadAttention, LibTorchCppDiffersAsDocumented) {
   // A boolean attn_mask is added (as 0/1), so no weight is zeroed.
   const auto weights = std::get<1>(ref(q, k, k, torch::Tensor(), true, mask));
   EXPECT_TRUE(torch::all(weights.masked_select(mask.expand_as(weights)) > 0).item<bool>());
-  EXPECT_FALSE(torch::allclose(weights, std::get<1>(ref(q, k, k, torch::Tensor(), true,
-                                                          as_additive(mask)))));
+  EXPECT_FALSE(torch::allclose(
+      weights, std::get<1>(ref(q, k, k, torch::Tensor(), true, as_additive(mask)))));
   // A float key_padding_mask is not added: 1.13's masked_fill misreads it
   // (nothing is masked), 2.x's refuses it.
   const auto padding = as_additive(nn_padding());
@@ -344,7 +344,9 @@ TEST(NnMultiheadAttention, PathsOfTheMasks) {
   EXPECT_EQ(p.path, "additive_mask");
   EXPECT_EQ(p.op, "d2l::nn::MultiheadAttention");
   const auto big = torch::randn({128, 2, kNnE});
-  EXPECT_EQ(ours->explain_path(big, big, big, torch::Tensor(), false, torch::Tensor(), true, true).path, "flash");
+  EXPECT_EQ(
+      ours->explain_path(big, big, big, torch::Tensor(), false, torch::Tensor(), true, true).path,
+      "flash");
   d2l::nn::MultiheadAttention with_rows(
       d2l::nn::MultiheadAttentionOptions(kNnE, kNnHeads).add_zero_attn(true));
   EXPECT_EQ(with_rows->explain_path(q, k, k).path, "additive_mask");
@@ -356,10 +358,9 @@ TEST(NnMultiheadAttention, ParameterNamesAndDefaults) {
     for (const auto& p : m.named_parameters()) keys.push_back(p.key());
     return keys;
   };
-  for (const auto& o :
-       {d2l::nn::MultiheadAttentionOptions(8, 2),
-        d2l::nn::MultiheadAttentionOptions(8, 2).kdim(3).vdim(5).add_bias_kv(true),
-        d2l::nn::MultiheadAttentionOptions(8, 4).bias(false).add_zero_attn(true)}) {
+  for (const auto& o : {d2l::nn::MultiheadAttentionOptions(8, 2),
+                        d2l::nn::MultiheadAttentionOptions(8, 2).kdim(3).vdim(5).add_bias_kv(true),
+                        d2l::nn::MultiheadAttentionOptions(8, 4).bias(false).add_zero_attn(true)}) {
     d2l::nn::MultiheadAttention ours(o);
     torch::nn::MultiheadAttention ref(torch::nn::MultiheadAttentionOptions(8, o.num_heads())
                                           .kdim(o.kdim())
@@ -398,13 +399,14 @@ TEST(NnMultiheadAttention, WorksInAnyModuleWithDefaults) {
 
 TEST(NnMultiheadAttention, FunctionalFormIsTheModule) {
   torch::manual_seed(10);
-  d2l::nn::MultiheadAttention ours(d2l::nn::MultiheadAttentionOptions(kNnE, kNnHeads).kdim(5).vdim(3));
+  d2l::nn::MultiheadAttention ours(
+      d2l::nn::MultiheadAttentionOptions(kNnE, kNnHeads).kdim(5).vdim(3));
   ours->eval();
   const auto q = torch::randn({kNnL, kNnN, kNnE}), k = torch::randn({kNnS, kNnN, 5}),
              v = torch::randn({kNnS, kNnN, 3});
   const auto o = d2l::nn::functional::MultiheadAttentionForwardFuncOptions(
-                     kNnE, kNnHeads, torch::Tensor(), ours->in_proj_bias, torch::Tensor(), {}, false, 0.0,
-                     ours->out_proj->weight, ours->out_proj->bias)
+                     kNnE, kNnHeads, torch::Tensor(), ours->in_proj_bias, torch::Tensor(), {},
+                     false, 0.0, ours->out_proj->weight, ours->out_proj->bias)
                      .training(false)
                      .use_separate_proj_weight(true)
                      .q_proj_weight(ours->q_proj_weight)
@@ -427,8 +429,7 @@ TEST(NnMultiheadAttention, FunctionalFormIsTheModule) {
 // Python's state_dict, saved by torch.save in 1.13 and 2.11, loads key for key
 // and gives Python's numbers.
 TEST(NnMultiheadAttention, LoadsPythonStateDict) {
-  for (const auto& [pt, fixture] :
-       std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [pt, fixture] : std::vector<std::pair<std::string, std::string>>{
            {"nn_state_mha_torch113.pt", "nn_mha_bias_kv_batch_first"},
            {"nn_state_mha_torch211.pt", "nn_mha_float_kpm"}}) {
     SCOPED_TRACE(pt);
@@ -496,49 +497,58 @@ TEST(NnMultiheadAttention, BadArgumentsNameFunctionArgumentAndShapes) {
               HasSubstr(fn + "attn_mask must have shape [L, S] = [3, 5] or [N * num_heads, L, "
                              "S] = [4, 3, 5] for query [3, 2, 8], key [5, 2, 8] and num_heads=2, "
                              "got []"));
-  EXPECT_THAT(call({}, torch::zeros({kNnN, kNnL, kNnS}, torch::kBool)),
-              HasSubstr("got [2, 3, 5]"));
+  EXPECT_THAT(call({}, torch::zeros({kNnN, kNnL, kNnS}, torch::kBool)), HasSubstr("got [2, 3, 5]"));
   EXPECT_THAT(call({}, torch::zeros({kNnS, kNnL})), HasSubstr("got [5, 3]"));
-  EXPECT_THAT(call(torch::zeros({kNnS, kNnN}, torch::kBool), torch::Tensor()), HasSubstr("got [5, 2]"));
+  EXPECT_THAT(call(torch::zeros({kNnS, kNnN}, torch::kBool), torch::Tensor()),
+              HasSubstr("got [5, 2]"));
   EXPECT_THAT(call({}, torch::full({kNnL, kNnS}, std::nan(""))),
               HasSubstr(fn + "attn_mask must not hold NaN or +inf (a float mask is added to the "
                              "scores), got Float [3, 5]"));
-  EXPECT_THAT(call(torch::full({kNnN, kNnS}, std::numeric_limits<double>::infinity()), torch::Tensor()),
-              HasSubstr(fn + "key_padding_mask must not hold NaN or +inf"));
+  EXPECT_THAT(
+      call(torch::full({kNnN, kNnS}, std::numeric_limits<double>::infinity()), torch::Tensor()),
+      HasSubstr(fn + "key_padding_mask must not hold NaN or +inf"));
   if (torch::cuda::is_available()) {
-    EXPECT_THAT(call(torch::zeros({kNnN, kNnS}, torch::device(torch::kCUDA).dtype(torch::kBool)),
-                     {}),
-                HasSubstr(fn + "key_padding_mask"));
+    EXPECT_THAT(
+        call(torch::zeros({kNnN, kNnS}, torch::device(torch::kCUDA).dtype(torch::kBool)), {}),
+        HasSubstr(fn + "key_padding_mask"));
   } else {
-    EXPECT_THAT(call(torch::zeros({kNnN, kNnS}, torch::device(torch::kMeta).dtype(torch::kBool)),
-                     {}),
-                HasSubstr(fn + "key_padding_mask"));
+    EXPECT_THAT(
+        call(torch::zeros({kNnN, kNnS}, torch::device(torch::kMeta).dtype(torch::kBool)), {}),
+        HasSubstr(fn + "key_padding_mask"));
   }
-  EXPECT_THAT(error_message([&] { ours(torch::randn({kNnL, kNnN, 6}), k, k); }),
+  EXPECT_THAT(error_message([&] {
+                ours(torch::randn({kNnL, kNnN, 6}), k, k);
+              }),
               HasSubstr(fn + "query must have embed_dim=8 features, got query [3, 2, 6]"));
-  EXPECT_THAT(error_message([&] { ours(q, torch::randn({kNnS, kNnN, 6}), k); }),
+  EXPECT_THAT(error_message([&] {
+                ours(q, torch::randn({kNnS, kNnN, 6}), k);
+              }),
               HasSubstr(fn + "key and value must have embed_dim=8 features when the projections "
                              "are in_proj_weight (kdim == vdim == embed_dim), got key [5, 2, 6] "
                              "and value [5, 2, 8]"));
-  EXPECT_THAT(error_message([&] { ours(q, k, torch::randn({4, kNnN, kNnE})); }),
+  EXPECT_THAT(error_message([&] {
+                ours(q, k, torch::randn({4, kNnN, kNnE}));
+              }),
               HasSubstr(fn + "key and value must have the same sequence length (dim 0), got key "
                              "[5, 2, 8] and value [4, 2, 8]"));
-  EXPECT_THAT(error_message([&] { ours(q, torch::randn({kNnS, 3, kNnE}), k); }),
+  EXPECT_THAT(error_message([&] {
+                ours(q, torch::randn({kNnS, 3, kNnE}), k);
+              }),
               HasSubstr(fn + "query, key and value must have the same batch size (dim 1)"));
   EXPECT_THAT(error_message([&] { ours(q.select(0, 0), k, k); }),
               HasSubstr(fn + "query must be a 3-D tensor (L, N, features), got [2, 8]"));
-  EXPECT_THAT(error_message([&] { ours(k, q, q, torch::Tensor(), true, torch::Tensor(), true, true); }),
-              HasSubstr(fn + "is_causal needs at least as many keys as queries"));
+  EXPECT_THAT(
+      error_message([&] { ours(k, q, q, torch::Tensor(), true, torch::Tensor(), true, true); }),
+      HasSubstr(fn + "is_causal needs at least as many keys as queries"));
   EXPECT_THAT(error_message([&] { ours(q.to(torch::kDouble), k, k); }),
               HasSubstr(fn + "key must have the same dtype as query"));
   EXPECT_THAT(error_message([] { d2l::nn::MultiheadAttention(8, 3); }),
               HasSubstr("d2l::nn::MultiheadAttention: embed_dim must be divisible by num_heads, "
                         "got embed_dim=8 and num_heads=3"));
-  EXPECT_THAT(
-      error_message([] {
-        d2l::nn::MultiheadAttention(d2l::nn::MultiheadAttentionOptions(8, 2).dropout(1.5));
-      }),
-      HasSubstr("d2l::nn::MultiheadAttention: dropout must be a probability in [0, 1]"));
+  EXPECT_THAT(error_message([] {
+                d2l::nn::MultiheadAttention(d2l::nn::MultiheadAttentionOptions(8, 2).dropout(1.5));
+              }),
+              HasSubstr("d2l::nn::MultiheadAttention: dropout must be a probability in [0, 1]"));
 }
 
 }  // namespace

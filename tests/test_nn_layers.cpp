@@ -39,9 +39,7 @@ torch::Tensor layer_padding(int64_t n, int64_t s) {
   return kpm;
 }
 
-torch::Tensor layer_causal(int64_t n) {
-  return torch::full({n, n}, kLayerNegInf).triu(1);
-}
+torch::Tensor layer_causal(int64_t n) { return torch::full({n, n}, kLayerNegInf).triu(1); }
 
 struct LayerMasks {
   torch::Tensor attn, kpm;
@@ -69,10 +67,10 @@ TEST(NnTransformerLayers, EncoderEqualsLibTorch) {
     for (const std::string kind : {"none", "kpm", "float", "causal", "both"}) {
       const auto where = fmt::format("gelu {} mask {}", gelu, kind);
       torch::manual_seed(++seed);
-      auto ours_options = d2l::nn::TransformerEncoderLayerOptions(kLayerD, kLayerHeads)
-                              .dim_feedforward(kLayerFF);
-      auto ref_options = torch::nn::TransformerEncoderLayerOptions(kLayerD, kLayerHeads)
-                             .dim_feedforward(kLayerFF);
+      auto ours_options =
+          d2l::nn::TransformerEncoderLayerOptions(kLayerD, kLayerHeads).dim_feedforward(kLayerFF);
+      auto ref_options =
+          torch::nn::TransformerEncoderLayerOptions(kLayerD, kLayerHeads).dim_feedforward(kLayerFF);
       if (gelu) ours_options.activation(torch::kGELU), ref_options.activation(torch::kGELU);
       d2l::nn::TransformerEncoderLayer ours(ours_options);
       torch::nn::TransformerEncoderLayer ref(ref_options);
@@ -84,7 +82,8 @@ TEST(NnTransformerLayers, EncoderEqualsLibTorch) {
       const auto masks = layer_masks(kind, kLayerS, kLayerS);
       auto a = src.clone().requires_grad_(), b = src.clone().requires_grad_();
       const bool causal = kind == "causal";
-      const auto out = causal ? ours(a, torch::Tensor(), masks.kpm, true) : ours(a, masks.attn, masks.kpm);
+      const auto out =
+          causal ? ours(a, torch::Tensor(), masks.kpm, true) : ours(a, masks.attn, masks.kpm);
       const auto ref_out = ref(b, masks.attn, masks.kpm);
       expect_close("output", max_rel_error(out, ref_out), where);
       const auto G = torch::randn(out.sizes());
@@ -101,10 +100,10 @@ TEST(NnTransformerLayers, DecoderEqualsLibTorch) {
     for (const std::string kind : {"none", "kpm", "float", "causal", "both"}) {
       const auto where = fmt::format("gelu {} mask {}", gelu, kind);
       torch::manual_seed(++seed);
-      auto ours_options = d2l::nn::TransformerDecoderLayerOptions(kLayerD, kLayerHeads)
-                              .dim_feedforward(kLayerFF);
-      auto ref_options = torch::nn::TransformerDecoderLayerOptions(kLayerD, kLayerHeads)
-                             .dim_feedforward(kLayerFF);
+      auto ours_options =
+          d2l::nn::TransformerDecoderLayerOptions(kLayerD, kLayerHeads).dim_feedforward(kLayerFF);
+      auto ref_options =
+          torch::nn::TransformerDecoderLayerOptions(kLayerD, kLayerHeads).dim_feedforward(kLayerFF);
       if (gelu) ours_options.activation(torch::kGELU), ref_options.activation(torch::kGELU);
       d2l::nn::TransformerDecoderLayer ours(ours_options);
       torch::nn::TransformerDecoderLayer ref(ref_options);
@@ -125,10 +124,10 @@ TEST(NnTransformerLayers, DecoderEqualsLibTorch) {
           ref(b, mb, self_masks.attn, cross_masks.attn, self_masks.kpm, cross_masks.kpm);
       expect_close("output", max_rel_error(out, ref_out), where);
       const auto G = torch::randn(out.sizes());
-      expect_close("gradients",
-                   max_grad_error(backward(*ours, out, G, {a, ma}),
-                                  backward(*ref, ref_out, G, {b, mb})),
-                   where);
+      expect_close(
+          "gradients",
+          max_grad_error(backward(*ours, out, G, {a, ma}), backward(*ref, ref_out, G, {b, mb})),
+          where);
     }
   }
   std::cout << fmt::format("[ nn layer parity vs LibTorch ] 20 cases: worst {:.3g}\n",
@@ -165,7 +164,8 @@ void expect_python_layer(const std::string& name) {
     out = layer(inputs[0], fixture_mask(f, "src_mask"), fixture_mask(f, "src_key_padding_mask"),
                 flag("is_causal"));
     if (flag("is_causal")) {
-      EXPECT_LT(max_rel_error(layer(inputs[0], torch::Tensor(), fixture_mask(f, "src_key_padding_mask"), true),
+      EXPECT_LT(max_rel_error(layer(inputs[0], torch::Tensor(),
+                                    fixture_mask(f, "src_key_padding_mask"), true),
                               f.tensor("output")),
                 kLayerTol)
           << "is_causal alone";
@@ -182,10 +182,11 @@ void expect_python_layer(const std::string& name) {
     layer->eval();
     load_fixture_parameters(f, *layer);
     names = {"tgt", "memory"};
-    inputs = {f.tensor("tgt").clone().requires_grad_(), f.tensor("memory").clone().requires_grad_()};
+    inputs = {f.tensor("tgt").clone().requires_grad_(),
+              f.tensor("memory").clone().requires_grad_()};
     out = layer(inputs[0], inputs[1], fixture_mask(f, "tgt_mask"), fixture_mask(f, "memory_mask"),
-                fixture_mask(f, "tgt_key_padding_mask"),
-                fixture_mask(f, "memory_key_padding_mask"), flag("is_causal"));
+                fixture_mask(f, "tgt_key_padding_mask"), fixture_mask(f, "memory_key_padding_mask"),
+                flag("is_causal"));
     module = layer.ptr();
   }
   const double out_error = max_rel_error(out, f.tensor("output"));
@@ -264,7 +265,8 @@ TEST(NnTransformerLayers, SubmodulesOptionsAndClone) {
   for (const auto& p : nobias->named_parameters()) {
     EXPECT_THAT(p.key(), ::testing::Not(HasSubstr("bias"))) << p.key();
   }
-  const auto copy = std::dynamic_pointer_cast<d2l::nn::TransformerEncoderLayerImpl>(nobias->clone());
+  const auto copy =
+      std::dynamic_pointer_cast<d2l::nn::TransformerEncoderLayerImpl>(nobias->clone());
   ASSERT_TRUE(copy);
   EXPECT_EQ(copy->named_parameters().size(), nobias->named_parameters().size());
   EXPECT_TRUE(torch::equal(copy->norm1->weight, nobias->norm1->weight));
@@ -298,17 +300,25 @@ TEST(NnTransformerLayers, WorkInSequentialAndAnyModule) {
 TEST(NnTransformerLayers, BadArguments) {
   d2l::nn::TransformerEncoderLayer encoder(
       d2l::nn::TransformerEncoderLayerOptions(kLayerD, 2).dim_feedforward(kLayerFF));
-  EXPECT_THAT(error_message([&] { encoder(torch::randn({kLayerS, kLayerN, 6})); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(torch::randn({kLayerS, kLayerN, 6}));
+              }),
               HasSubstr("d2l::nn::TransformerEncoderLayer: src must be a 3-D tensor (seq, N, "
                         "d_model) with d_model=8 features, got [5, 3, 6]"));
   const auto src = torch::randn({kLayerS, kLayerN, kLayerD});
-  EXPECT_THAT(error_message([&] { encoder(src, torch::zeros({kLayerS, 4}, torch::kBool)); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(src, torch::zeros({kLayerS, 4}, torch::kBool));
+              }),
               HasSubstr("d2l::nn::MultiheadAttention: attn_mask must have shape [L, S] = [5, 5]"));
-  EXPECT_THAT(error_message([&] { encoder(src, torch::Tensor(), torch::zeros({kLayerN, kLayerS}, torch::kInt)); }),
+  EXPECT_THAT(error_message([&] {
+                encoder(src, torch::Tensor(), torch::zeros({kLayerN, kLayerS}, torch::kInt));
+              }),
               HasSubstr("d2l::nn::MultiheadAttention: key_padding_mask must be torch::kBool"));
   d2l::nn::TransformerDecoderLayer decoder(
       d2l::nn::TransformerDecoderLayerOptions(kLayerD, 2).dim_feedforward(kLayerFF));
-  EXPECT_THAT(error_message([&] { decoder(src, torch::randn({kLayerS, kLayerD})); }),
+  EXPECT_THAT(error_message([&] {
+                decoder(src, torch::randn({kLayerS, kLayerD}));
+              }),
               HasSubstr("d2l::nn::TransformerDecoderLayer: memory must be a 3-D tensor (seq, N, "
                         "d_model) with d_model=8 features, got [5, 8]"));
   EXPECT_THAT(error_message([] {
@@ -316,11 +326,12 @@ TEST(NnTransformerLayers, BadArguments) {
               }),
               HasSubstr("d2l::nn::TransformerEncoderLayer: d_model must be divisible by nhead, "
                         "got d_model=8 and nhead=3"));
-  EXPECT_THAT(error_message([] {
-                d2l::nn::TransformerDecoderLayer(
-                    d2l::nn::TransformerDecoderLayerOptions(8, 2).layer_norm_eps(0));
-              }),
-              HasSubstr("d2l::nn::TransformerDecoderLayer: layer_norm_eps must be positive, got 0"));
+  EXPECT_THAT(
+      error_message([] {
+        d2l::nn::TransformerDecoderLayer(
+            d2l::nn::TransformerDecoderLayerOptions(8, 2).layer_norm_eps(0));
+      }),
+      HasSubstr("d2l::nn::TransformerDecoderLayer: layer_norm_eps must be positive, got 0"));
 }
 
 }  // namespace

@@ -139,20 +139,17 @@ class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImp
 
   /// (attn_output, attn_output_weights) as torch::nn::MultiheadAttention's
   /// forward, with Python's `is_causal` last (MultiheadAttentionForwardFuncOptions).
-  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& query,
-                                                   const torch::Tensor& key,
-                                                   const torch::Tensor& value,
-                                                   const torch::Tensor& key_padding_mask = {},
-                                                   bool need_weights = true,
-                                                   const torch::Tensor& attn_mask = {},
-                                                   bool average_attn_weights = true,
-                                                   bool is_causal = false);
+  std::tuple<torch::Tensor, torch::Tensor> forward(
+      const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+      const torch::Tensor& key_padding_mask = {}, bool need_weights = true,
+      const torch::Tensor& attn_mask = {}, bool average_attn_weights = true,
+      bool is_causal = false);
 
   /// Which path forward takes for these arguments in the module's mode.
   PathExplanation explain_path(const torch::Tensor& query, const torch::Tensor& key,
                                const torch::Tensor& value,
-                               const torch::Tensor& key_padding_mask = {},
-                               bool need_weights = true, const torch::Tensor& attn_mask = {},
+                               const torch::Tensor& key_padding_mask = {}, bool need_weights = true,
+                               const torch::Tensor& attn_mask = {},
                                bool average_attn_weights = true, bool is_causal = false) const;
 
   void reset() override;

@@ -41,9 +41,9 @@ std::string layout_name(bool batch_first, const char* seq) {
 void check_weight(const char* fn, const char* name, const torch::Tensor& W, int64_t rows,
                   int64_t cols, const torch::Tensor& query) {
   detail::check_floating(fn, name, W, 2);
-  TORCH_CHECK(W.size(0) == rows && W.size(1) == cols,
-              fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, rows, cols,
-                          shape_of(W)));
+  TORCH_CHECK(
+      W.size(0) == rows && W.size(1) == cols,
+      fmt::format("{}: {} must have shape [{}, {}], got {}", fn, name, rows, cols, shape_of(W)));
   detail::check_same_device(fn, "query", query, name, W);
   detail::check_same_dtype(fn, "query", query, name, W);
 }
@@ -190,12 +190,13 @@ ReadMask read_mask(const char* fn, const char* name, const torch::Tensor& mask,
   if (!mask.defined()) return {};
   if (mask.scalar_type() == torch::kBool) return {mask, {}};
   const auto minus_inf = mask == -std::numeric_limits<double>::infinity();
-  TORCH_CHECK(!torch::logical_or(torch::isnan(mask), mask == std::numeric_limits<double>::infinity())
-                   .any()
-                   .item<bool>(),
-              fmt::format("{}: {} must not hold NaN or +inf (a float mask is added to the "
-                          "scores), got {} {}",
-                          fn, name, c10::toString(mask.scalar_type()), shape_of(mask)));
+  TORCH_CHECK(
+      !torch::logical_or(torch::isnan(mask), mask == std::numeric_limits<double>::infinity())
+           .any()
+           .item<bool>(),
+      fmt::format("{}: {} must not hold NaN or +inf (a float mask is added to the "
+                  "scores), got {} {}",
+                  fn, name, c10::toString(mask.scalar_type()), shape_of(mask)));
   if (torch::logical_or(minus_inf, mask == 0).all().item<bool>()) return {minus_inf, {}};
   return {{}, mask.to(dtype)};
 }
@@ -264,7 +265,8 @@ d2l::functional::MultiHeadAttentionFuncOptions fast_options(
 // Every mask of the call as one float tensor broadcastable to (N, heads, L,
 // S + extra): -inf where a key is not allowed, the float masks' values
 // elsewhere; the `extra` appended keys are seen by every query.
-torch::Tensor additive_mask(const Plan& p, const functional::MultiheadAttentionForwardFuncOptions& o,
+torch::Tensor additive_mask(const Plan& p,
+                            const functional::MultiheadAttentionForwardFuncOptions& o,
                             const torch::TensorOptions& options, int64_t extra) {
   const int64_t L = p.s.L, S = p.s.S, N = p.s.N, heads = o.num_heads();
   const double minus_inf = -std::numeric_limits<double>::infinity();
@@ -293,8 +295,8 @@ torch::Tensor additive_mask(const Plan& p, const functional::MultiheadAttentionF
 // output projection, with autograd's ops. A row that sees no key gets zero
 // weights (and gradients), not NaN.
 std::tuple<torch::Tensor, torch::Tensor> additive_path(
-    const Plan& p, const torch::Tensor& query, const torch::Tensor& key,
-    const torch::Tensor& value, const functional::MultiheadAttentionForwardFuncOptions& o) {
+    const Plan& p, const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+    const functional::MultiheadAttentionForwardFuncOptions& o) {
   const auto [L, S, N, E] = p.s;
   const int64_t heads = o.num_heads(), d = E / heads;
   const auto backend = o.backend();
@@ -328,15 +330,15 @@ std::tuple<torch::Tensor, torch::Tensor> additive_path(
   if (dead.defined()) weights = weights.masked_fill(dead, 0);
   const auto dropped = torch::dropout(weights, o.dropout_p(), o.training());
   auto out = torch::bmm(dropped.view({N * heads, L, S2}), v);
-  out = detail::linear(transpose_output(out, heads), o.out_proj_weight(), o.out_proj_bias(),
-                       backend);
+  out =
+      detail::linear(transpose_output(out, heads), o.out_proj_weight(), o.out_proj_bias(), backend);
   if (!o.need_weights()) return {out, {}};
   return {out, weights};
 }
 
-std::tuple<torch::Tensor, torch::Tensor> run(const char* fn, const torch::Tensor& query,
-                                             const torch::Tensor& key, const torch::Tensor& value,
-                                             const functional::MultiheadAttentionForwardFuncOptions& o) {
+std::tuple<torch::Tensor, torch::Tensor> run(
+    const char* fn, const torch::Tensor& query, const torch::Tensor& key,
+    const torch::Tensor& value, const functional::MultiheadAttentionForwardFuncOptions& o) {
   const auto p = plan_call(fn, query, key, value, o);
   const bool log = detail::logging_paths();
   torch::Tensor out, weights;
@@ -348,8 +350,9 @@ std::tuple<torch::Tensor, torch::Tensor> run(const char* fn, const torch::Tensor
     // laid out batch-major once; the projections read it three times.
     const auto q = batch_major(query, o.batch_first()).contiguous();
     const auto k = key.is_same(query) ? q : batch_major(key, o.batch_first());
-    const auto v = value.is_same(query) ? q : value.is_same(key) ? k
-                                                                 : batch_major(value, o.batch_first());
+    const auto v = value.is_same(query) ? q
+                   : value.is_same(key) ? k
+                                        : batch_major(value, o.batch_first());
     std::tie(out, weights) = d2l::functional::multi_head_attention(q, k, v, {}, fast_options(p, o));
     if (weights.defined()) weights = weights.reshape({p.s.N, o.num_heads(), p.s.L, p.s.S});
   }
@@ -363,9 +366,9 @@ PathExplanation explain(const char* fn, const torch::Tensor& query, const torch:
                         const functional::MultiheadAttentionForwardFuncOptions& o) {
   const auto p = plan_call(fn, query, key, value, o);
   if (p.additive) return {fn, o.backend(), "additive_mask", {p.why_additive}};
-  auto inner = d2l::explain_path(batch_major(query, o.batch_first()),
-                                 batch_major(key, o.batch_first()),
-                                 batch_major(value, o.batch_first()), {}, fast_options(p, o));
+  auto inner =
+      d2l::explain_path(batch_major(query, o.batch_first()), batch_major(key, o.batch_first()),
+                        batch_major(value, o.batch_first()), {}, fast_options(p, o));
   inner.op = fn;
   return inner;
 }
@@ -447,8 +450,8 @@ void MultiheadAttentionImpl::reset() {
     bias_k.reset();
     bias_v.reset();
   }
-  out_proj = register_module("out_proj",
-                             torch::nn::Linear(torch::nn::LinearOptions(E, E).bias(o.bias())));
+  out_proj =
+      register_module("out_proj", torch::nn::Linear(torch::nn::LinearOptions(E, E).bias(o.bias())));
   _reset_parameters();
 }
 
@@ -483,8 +486,8 @@ functional::MultiheadAttentionForwardFuncOptions MultiheadAttentionImpl::call_op
     const torch::Tensor& key_padding_mask, bool need_weights, const torch::Tensor& attn_mask,
     bool average_attn_weights, bool is_causal) const {
   return functional::MultiheadAttentionForwardFuncOptions(
-             options.embed_dim(), options.num_heads(), in_proj_weight, in_proj_bias, bias_k,
-             bias_v, options.add_zero_attn(), options.dropout(), out_proj->weight, out_proj->bias)
+             options.embed_dim(), options.num_heads(), in_proj_weight, in_proj_bias, bias_k, bias_v,
+             options.add_zero_attn(), options.dropout(), out_proj->weight, out_proj->bias)
       .training(is_training())
       .key_padding_mask(key_padding_mask)
       .need_weights(need_weights)
@@ -503,18 +506,18 @@ std::tuple<torch::Tensor, torch::Tensor> MultiheadAttentionImpl::forward(
     const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
     const torch::Tensor& key_padding_mask, bool need_weights, const torch::Tensor& attn_mask,
     bool average_attn_weights, bool is_causal) {
-  return run(kModule, query, key, value,
-             call_options(key_padding_mask, need_weights, attn_mask, average_attn_weights,
-                          is_causal));
+  return run(
+      kModule, query, key, value,
+      call_options(key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal));
 }
 
 PathExplanation MultiheadAttentionImpl::explain_path(
     const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
     const torch::Tensor& key_padding_mask, bool need_weights, const torch::Tensor& attn_mask,
     bool average_attn_weights, bool is_causal) const {
-  return explain(kModule, query, key, value,
-                 call_options(key_padding_mask, need_weights, attn_mask, average_attn_weights,
-                              is_causal));
+  return explain(
+      kModule, query, key, value,
+      call_options(key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal));
 }
 
 }  // namespace d2l::nn

@@ -18,9 +18,7 @@ namespace d2l::nn {
 LayerNormOptions::LayerNormOptions(std::vector<int64_t> normalized_shape)
     : normalized_shape_(std::move(normalized_shape)) {}
 
-LayerNormImpl::LayerNormImpl(LayerNormOptions options_) : options(std::move(options_)) {
-  reset();
-}
+LayerNormImpl::LayerNormImpl(LayerNormOptions options_) : options(std::move(options_)) { reset(); }
 
 void LayerNormImpl::reset() {
   if (options.elementwise_affine()) {
@@ -65,8 +63,8 @@ void check_layer(const char* fn, int64_t d_model, int64_t nhead, int64_t dim_fee
                           "d_model={}, nhead={}, dim_feedforward={}",
                           fn, d_model, nhead, dim_feedforward));
   TORCH_CHECK(d_model % nhead == 0,
-              fmt::format("{}: d_model must be divisible by nhead, got d_model={} and nhead={}",
-                          fn, d_model, nhead));
+              fmt::format("{}: d_model must be divisible by nhead, got d_model={} and nhead={}", fn,
+                          d_model, nhead));
   detail::check_dropout(fn, dropout);
   TORCH_CHECK(eps > 0, fmt::format("{}: layer_norm_eps must be positive, got {}", fn, eps));
 }
@@ -121,11 +119,11 @@ void TransformerEncoderLayerImpl::reset() {
   using torch::nn::LinearOptions;
   self_attn = register_module("self_attn", make_attention(o.d_model(), o.nhead(), o.dropout(),
                                                           o.bias(), o.batch_first(), o.backend()));
-  linear1 = register_module(
-      "linear1", Linear(LinearOptions(o.d_model(), o.dim_feedforward()).bias(o.bias())));
+  linear1 = register_module("linear1",
+                            Linear(LinearOptions(o.d_model(), o.dim_feedforward()).bias(o.bias())));
   dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
-  linear2 = register_module(
-      "linear2", Linear(LinearOptions(o.dim_feedforward(), o.d_model()).bias(o.bias())));
+  linear2 = register_module("linear2",
+                            Linear(LinearOptions(o.dim_feedforward(), o.d_model()).bias(o.bias())));
   norm1 = register_module("norm1", make_norm(o.d_model(), o.layer_norm_eps(), o.bias()));
   norm2 = register_module("norm2", make_norm(o.d_model(), o.layer_norm_eps(), o.bias()));
   dropout1 = register_module("dropout1", torch::nn::Dropout(o.dropout()));
@@ -188,14 +186,14 @@ void TransformerDecoderLayerImpl::reset() {
   using torch::nn::LinearOptions;
   self_attn = register_module("self_attn", make_attention(o.d_model(), o.nhead(), o.dropout(),
                                                           o.bias(), o.batch_first(), o.backend()));
-  multihead_attn =
-      register_module("multihead_attn", make_attention(o.d_model(), o.nhead(), o.dropout(),
-                                                       o.bias(), o.batch_first(), o.backend()));
-  linear1 = register_module(
-      "linear1", Linear(LinearOptions(o.d_model(), o.dim_feedforward()).bias(o.bias())));
+  multihead_attn = register_module(
+      "multihead_attn",
+      make_attention(o.d_model(), o.nhead(), o.dropout(), o.bias(), o.batch_first(), o.backend()));
+  linear1 = register_module("linear1",
+                            Linear(LinearOptions(o.d_model(), o.dim_feedforward()).bias(o.bias())));
   dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
-  linear2 = register_module(
-      "linear2", Linear(LinearOptions(o.dim_feedforward(), o.d_model()).bias(o.bias())));
+  linear2 = register_module("linear2",
+                            Linear(LinearOptions(o.dim_feedforward(), o.d_model()).bias(o.bias())));
   norm1 = register_module("norm1", make_norm(o.d_model(), o.layer_norm_eps(), o.bias()));
   norm2 = register_module("norm2", make_norm(o.d_model(), o.layer_norm_eps(), o.bias()));
   norm3 = register_module("norm3", make_norm(o.d_model(), o.layer_norm_eps(), o.bias()));
@@ -235,9 +233,9 @@ torch::Tensor TransformerDecoderLayerImpl::forward(
                                           tgt_mask, true, tgt_is_causal)));
   };
   const auto cross_attention = [&](const torch::Tensor& x) {
-    return dropout2(std::get<0>(multihead_attn(x, memory, memory, memory_key_padding_mask,
-                                               /*need_weights=*/false, memory_mask, true,
-                                               memory_is_causal)));
+    return dropout2(
+        std::get<0>(multihead_attn(x, memory, memory, memory_key_padding_mask,
+                                   /*need_weights=*/false, memory_mask, true, memory_is_causal)));
   };
   const auto feed_forward = [&](const torch::Tensor& x) {
     return dropout3(linear2(dropout(activate(options.activation(), linear1(x)))));
