@@ -224,6 +224,31 @@ TEST(NnTransformerLayers, LoadPythonStateDict) {
   }
 }
 
+TEST(NnTransformerLayers, LoadPythonDecoderStateDict) {
+  for (const auto& [pt, fixture] : std::vector<std::pair<std::string, std::string>>{
+           {"nn_state_decoder_torch113.pt", "nn_decoder_post"},
+           {"nn_state_decoder_torch211.pt", "nn_decoder_pre_nobias"}}) {
+    SCOPED_TRACE(pt);
+    const auto f = d2l::testing::load_fixture(fixture + "_float32");
+    const auto flag = [&](const char* s) { return f.scalar(s) != 0; };
+    d2l::nn::TransformerDecoderLayer layer(
+        d2l::nn::TransformerDecoderLayerOptions(kLayerD, kLayerHeads)
+            .dim_feedforward(kLayerFF)
+            .activation(flag("gelu") ? d2l::nn::activation_t(torch::kGELU)
+                                     : d2l::nn::activation_t(torch::kReLU))
+            .batch_first(flag("batch_first"))
+            .norm_first(flag("norm_first"))
+            .bias(flag("bias")));
+    layer->eval();
+    d2l::load_state_dict(*layer, std::string(D2L_FIXTURE_DIR) + "/" + pt);
+    torch::NoGradGuard no_grad;
+    const auto out = layer(f.tensor("tgt"), f.tensor("memory"), fixture_mask(f, "tgt_mask"),
+                           fixture_mask(f, "memory_mask"), fixture_mask(f, "tgt_key_padding_mask"),
+                           fixture_mask(f, "memory_key_padding_mask"), flag("is_causal"));
+    EXPECT_LT(max_rel_error(out, f.tensor("output")), kLayerTol);
+  }
+}
+
 TEST(NnTransformerLayers, ArchivesInterchangeWithLibTorch) {
   torch::manual_seed(21);
   torch::nn::TransformerDecoderLayer ref(
