@@ -551,4 +551,20 @@ TEST(NnMultiheadAttention, BadArgumentsNameFunctionArgumentAndShapes) {
               HasSubstr("d2l::nn::MultiheadAttention: dropout must be a probability in [0, 1]"));
 }
 
+// Empty batches and sequences give empty results of the right shapes, on
+// both paths (LibTorch's module cannot take N = 0: its view of -1 is ambiguous).
+TEST(NnMultiheadAttention, EmptyInputs) {
+  d2l::nn::MultiheadAttention ours(kNnE, kNnHeads);
+  for (const auto& [L, N, S] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{0, 2, 5}, {3, 0, 5}, {0, 0, 0}}) {
+    const auto q = torch::randn({L, N, kNnE}, torch::requires_grad()),
+               k = torch::randn({S, N, kNnE});
+    for (const auto& mask : {torch::Tensor(), torch::randn({L, S})}) {
+      auto [out, w] = ours(q, k, k, torch::Tensor(), true, mask);
+      EXPECT_EQ(out.sizes(), (std::vector<int64_t>{L, N, kNnE}));
+      EXPECT_EQ(w.sizes(), (std::vector<int64_t>{N, L, S}));
+      out.sum().backward();
+    }
+  }
+}
 }  // namespace
