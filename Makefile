@@ -81,7 +81,7 @@ endif
         multi-head python-weights python-transformer \
         fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
-        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-spread bench-dp device-sources \
+        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-nn bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
@@ -460,6 +460,24 @@ bench-transformer:
 	  --out $(BUILD2_DIR)/bench-transformer-report.md
 	cat $(BUILD2_DIR)/bench-transformer-report.md
 
+# The drop-ins of <d2l/nn.h> beside torch::nn's modules, one process per
+# LibTorch: Debian's 1.13 (build/) and the 2.11 wheel (build-torch2/), at 1
+# thread, forward + backward (docs/performance.md, "The torch::nn drop-ins").
+NN_BENCH_FLAGS ?= --benchmark_repetitions=5 --benchmark_min_time=0.3
+bench-nn:
+	$(MAKE) configure TORCH=debian BUILD_DIR=build
+	cmake -S . -B build -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build build -j $(JOBS) --target bench_nn
+	$(MAKE) configure TORCH=wheel
+	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_nn
+	OPENBLAS_NUM_THREADS=1 build/benchmarks/bench_nn $(NN_BENCH_FLAGS) \
+	  --benchmark_out=build/bench-nn.json --benchmark_out_format=json
+	OPENBLAS_NUM_THREADS=1 $(BUILD2_DIR)/benchmarks/bench_nn $(NN_BENCH_FLAGS) \
+	  --benchmark_out=$(BUILD2_DIR)/bench-nn.json --benchmark_out_format=json
+	python3 benchmarks/nn_table.py build/bench-nn.json $(BUILD2_DIR)/bench-nn.json \
+	  --out $(BUILD2_DIR)/bench-nn-report.md
+
 # The masked-softmax backward against ATen's softmax, run to run: 20 fresh
 # processes per thread count, the distribution of times and ratios
 # (README, "Run to run").
@@ -484,6 +502,9 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
+	$(PYTHON) tests/fixtures/generate_fixtures_nn.py
+	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_nn.py; \
+	  else echo "fixtures: no $(VENV) (make deps-torch2): the torch 2.11 cases of generate_fixtures_nn.py are not regenerated"; fi
 
 clean:
 	rm -rf $(sort $(BUILD_DIR) build $(BUILD2_DIR)) build-asan-torch2 build-asan build-tsan build-fuzz \
