@@ -53,4 +53,12 @@ torch::Tensor load_weights(const torch::Tensor& slot) {
   return slot;
 }
 
+torch::Tensor dropout_noise(at::IntArrayRef sizes, double p, const torch::TensorOptions& options) {
+  if (p >= 1) return torch::zeros(sizes, options);
+  auto noise = torch::empty(sizes, options);
+  noise.bernoulli_(1 - p);
+  noise.div_(1 - p);
+  return noise;
+}
+
 }  // namespace d2l::detail

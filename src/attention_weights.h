@@ -45,6 +45,12 @@ namespace d2l::detail {
 /// Dropout of attention weights; no dispatcher call when it is the identity.
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training);
 
+/// The multipliers torch::dropout draws on the CPU for weights of `sizes`
+/// (ATen's _dropout: bernoulli_(1 - p), divided by 1 - p; nothing drawn at
+/// p = 1), for the kernels that apply dropout themselves: the same random
+/// stream as the composite path.
+torch::Tensor dropout_noise(at::IntArrayRef sizes, double p, const torch::TensorOptions& options);
+
 /// `slot = weights`, safe against concurrent record_weights and load_weights
 /// on the same slot (Note [Recording attention weights]).
 void record_weights(torch::Tensor& slot, torch::Tensor weights);

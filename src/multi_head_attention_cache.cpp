@@ -284,16 +284,6 @@ CachedPlan plan_cached(const char* fn, const MultiHeadAttentionImpl& m,
   return r;
 }
 
-// Dropout's multipliers as torch::dropout draws them on the CPU (ATen's
-// _dropout: bernoulli_(1 - p), divided by 1 - p), as the small-head node draws them.
-torch::Tensor dropout_noise(at::IntArrayRef sizes, double p, const torch::TensorOptions& options) {
-  if (p >= 1) return torch::zeros(sizes, options);
-  auto noise = torch::empty(sizes, options);
-  noise.bernoulli_(1 - p);
-  noise.div_(1 - p);
-  return noise;
-}
-
 // Small heads on the cache in place (Note [Cached keys and values]).
 std::tuple<torch::Tensor, torch::Tensor> small_heads_cached(const MultiHeadAttentionImpl& m,
                                                             const torch::Tensor& queries,
@@ -319,7 +309,7 @@ std::tuple<torch::Tensor, torch::Tensor> small_heads_cached(const MultiHeadAtten
   const int64_t batch = queries.size(0), n = queries.size(1), h = q.size(2);
   const auto options = q.options();
   const auto noise =
-      drop ? dropout_noise({batch * heads, n, capacity}, p, options) : torch::empty({0}, options);
+      drop ? detail::dropout_noise({batch * heads, n, capacity}, p, options) : torch::empty({0}, options);
   auto weights = torch::empty({batch * heads, n, capacity}, options);
   auto joined = torch::empty({batch, n, h}, options);
   const double scale = 1.0 / std::sqrt(static_cast<double>(h / heads));

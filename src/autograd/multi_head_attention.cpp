@@ -9,6 +9,7 @@
 
 #include <d2l/multi_head_attention.h>
 
+#include "attention_weights.h"
 #include "cpu/kernel_args.h"
 #include "cpu/multi_head_attention_kernel.h"
 #include "linear.h"
@@ -26,17 +27,6 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor& W, const torc
   auto y = mm_over_threads(x.reshape({-1, W.size(1)}), W.t());
   if (b.numel() > 0) y.add_(b);
   return y.view({x.size(0), x.size(1), W.size(0)});
-}
-
-// The multipliers torch::dropout draws on the CPU for weights of this shape
-// (ATen's _dropout: bernoulli_(1 - p), divided by 1 - p; nothing drawn at
-// p = 1), so that the composite path and this one see the same random stream.
-torch::Tensor dropout_noise(at::IntArrayRef sizes, double p, const torch::TensorOptions& options) {
-  if (p >= 1) return torch::zeros(sizes, options);
-  auto noise = torch::empty(sizes, options);
-  noise.bernoulli_(1 - p);
-  noise.div_(1 - p);
-  return noise;
 }
 
 double head_scale(int64_t h, int64_t heads) {
