@@ -386,8 +386,4 @@ class TransformerDecoder : public torch::nn::ModuleHolder<TransformerDecoderImpl
                                                 ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)) {}
 };
 
-/// d2l 1.0's names for the same classes.
-using TransformerEncoderBlock = EncoderBlock;
-using TransformerDecoderBlock = DecoderBlock;
-
 }  // namespace d2l
