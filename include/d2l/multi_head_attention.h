@@ -18,7 +18,7 @@ namespace d2l {
 
 class MultiHeadAttentionCache;
 namespace detail {
-struct MultiHeadAttentionCacheAccess;  // src/multi_head_attention_cache.cpp
+struct MultiHeadAttentionCacheAccess;  // src/multi_head_attention_cache_internal.h
 }  // namespace detail
 
 struct MultiHeadAttentionOptions {
@@ -222,7 +222,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   torch::nn::Linear W_o{nullptr};
 
   // -------------------------------------------------------------------------
-  // Keys and values projected once (src/multi_head_attention_cache.cpp,
+  // Keys and values projected once (src/multi_head_attention_cache_internal.h,
   // Note [Cached keys and values]).
 
   /// Projects keys (B, s, key_size) and values (B, s, value_size) through

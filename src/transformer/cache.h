@@ -8,7 +8,7 @@
 // Here each block keeps those inputs in a buffer that grows by doubling, and
 // its self-attention keeps their keys and values projected once in a
 // MultiHeadAttentionCache (Note [Cached keys and values] in
-// src/multi_head_attention_cache.cpp): a step projects its own rows only and
+// src/multi_head_attention_cache_internal.h): a step projects its own rows only and
 // attends through MultiHeadAttention::forward_cached, with the module's
 // checks and choice of path. The encoder-decoder attention's keys and values
 // (fixed for a whole decoding) are projected once (project_memory).
