@@ -11,6 +11,7 @@
 
 #include "checked_load.h"
 
+#include <d2l/lazy.h>
 #include <d2l/multi_head_attention.h>
 #include <fmt/format.h>
 
@@ -50,6 +51,7 @@ class ArchiveChecker {
   void check(const torch::nn::Module& module, torch::serialize::InputArchive& archive,
              const std::string& prefix) {
     std::set<std::string> expected;
+    materialize_from_archive(module, archive, prefix);
     // Multi-head attention's head count shapes no tensor: its save writes it
     // (an archive without it, from before, is taken as it is).
     if (const auto* mha = dynamic_cast<const MultiHeadAttentionImpl*>(&module)) {
@@ -94,8 +96,27 @@ class ArchiveChecker {
   }
 
   std::vector<Assignment> assignments;
+  /// Lazy layers given their width by the archive, to be emptied again if
+  /// the load fails.
+  std::vector<LazyModule*> materialized;
 
  private:
+  // A lazy layer still waiting for its width takes it from the archive's
+  // weight (include/d2l/lazy.h).
+  void materialize_from_archive(const torch::nn::Module& module,
+                                torch::serialize::InputArchive& archive,
+                                const std::string& prefix) {
+    auto* lazy = dynamic_cast<LazyModule*>(const_cast<torch::nn::Module*>(&module));
+    if (lazy == nullptr || !lazy->has_uninitialized_params()) return;
+    torch::Tensor weight;
+    if (!archive.try_read("weight", weight)) return;  // reported as missing below
+    std::string why;
+    const auto width = lazy->width_for(weight.sizes(), why);
+    if (!width) fail(fmt::format("{}weight: {}", prefix, why));
+    lazy->materialize_uninitialized(*width);
+    materialized.push_back(lazy);
+  }
+
   void check_tensor(torch::serialize::InputArchive& archive, const std::string& prefix,
                     const std::string& key, const torch::Tensor& target, const char* kind) {
     torch::Tensor source;
@@ -128,7 +149,12 @@ class ArchiveChecker {
 void checked_load(torch::nn::Module& module, torch::serialize::InputArchive& archive,
                   const char* fn) {
   ArchiveChecker checker(fn, module);
-  checker.check(module, archive, "");
+  try {
+    checker.check(module, archive, "");
+  } catch (...) {
+    for (auto* lazy : checker.materialized) lazy->dematerialize();
+    throw;
+  }
   // What InputArchive::read does with each tensor, once all are known to fit.
   torch::NoGradGuard no_grad;
   for (auto& a : checker.assignments) {

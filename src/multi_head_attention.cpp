@@ -52,15 +52,14 @@ torch::Tensor transpose_output(const torch::Tensor& X, int64_t num_heads) {
       .reshape({batch, n, num_heads * d});
 }
 
-namespace {
+namespace detail {
 
 // functional::multi_head_attention, with messages naming `fn`.
 std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
     const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
     const torch::Tensor& keys, const torch::Tensor& values,
     const functional::MultiHeadAttentionFuncOptions& o) {
-  const auto params =
-      detail::checked_multi_head_params(fn, module_options, queries, keys, values, o);
+  const auto params = checked_multi_head_params(fn, module_options, queries, keys, values, o);
   const bool log = detail::logging_paths();
   const auto selection = detail::select_multi_head(fn, params, log);
   const int64_t heads = params.heads;
@@ -93,15 +92,14 @@ PathExplanation explain_multi_head_attention(const char* fn,
                                              const torch::Tensor& queries,
                                              const torch::Tensor& keys, const torch::Tensor& values,
                                              const functional::MultiHeadAttentionFuncOptions& o) {
-  const auto params =
-      detail::checked_multi_head_params(fn, module_options, queries, keys, values, o);
+  const auto params = checked_multi_head_params(fn, module_options, queries, keys, values, o);
   auto selection = detail::select_multi_head(fn, params, /*explain=*/true);
   const bool small = selection.path == detail::MultiHeadPath::kSmallHeads;
   return {fn, o.backend(), small ? "small_heads" : to_string(selection.per_head),
           std::move(selection.reasons)};
 }
 
-}  // namespace
+}  // namespace detail
 
 namespace functional {
 
@@ -117,7 +115,7 @@ MultiHeadAttentionFuncOptions::MultiHeadAttentionFuncOptions(int64_t num_heads, 
 std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const MultiHeadAttentionFuncOptions& options) {
-  return checked_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
+  return detail::checked_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
                                       options);
 }
 
@@ -126,7 +124,7 @@ std::tuple<torch::Tensor, torch::Tensor> multi_head_attention(
 PathExplanation explain_path(const torch::Tensor& queries, const torch::Tensor& keys,
                              const torch::Tensor& values,
                              const functional::MultiHeadAttentionFuncOptions& options) {
-  return explain_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
+  return detail::explain_multi_head_attention("d2l::multi_head_attention", nullptr, queries, keys, values,
                                       options);
 }
 
@@ -226,7 +224,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& values,
                                               const AttentionMask& mask) {
   const bool record = attention->options.record_attention_weights();
-  auto [output, weights] = checked_multi_head_attention(
+  auto [output, weights] = detail::checked_multi_head_attention(
       "d2l::MultiHeadAttention", &options, queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention->attention_weights, std::move(weights));
   return output;
@@ -235,7 +233,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
 std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const AttentionMask& mask) {
-  return checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
+  return detail::checked_multi_head_attention("d2l::MultiHeadAttention", &options, queries, keys, values,
                                       module_call(*this, mask, /*need_weights=*/true));
 }
 
@@ -243,7 +241,7 @@ PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& querie
                                                      const torch::Tensor& keys,
                                                      const torch::Tensor& values,
                                                      const AttentionMask& mask) const {
-  return explain_multi_head_attention(
+  return detail::explain_multi_head_attention(
       "d2l::MultiHeadAttention", &options, queries, keys, values,
       module_call(*this, mask, attention->options.record_attention_weights()));
 }

@@ -31,6 +31,21 @@ MultiHeadParams checked_multi_head_params(const char* fn,
                                           const torch::Tensor& values,
                                           const functional::MultiHeadAttentionFuncOptions& o);
 
+/// functional::multi_head_attention (module_options null) or a module's
+/// forward, with every message naming `fn`: the checks, the choice of path
+/// and the call.
+std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
+    const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
+    const torch::Tensor& keys, const torch::Tensor& values,
+    const functional::MultiHeadAttentionFuncOptions& o);
+
+/// explain_path for the same call: "small_heads", or the per-head path.
+PathExplanation explain_multi_head_attention(const char* fn,
+                                             const MultiHeadAttentionOptions* module_options,
+                                             const torch::Tensor& queries,
+                                             const torch::Tensor& keys, const torch::Tensor& values,
+                                             const functional::MultiHeadAttentionFuncOptions& o);
+
 /// The parameters of one multi-head attention call. Biases may be undefined.
 struct MultiHeadWeights {
   torch::Tensor W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o;

@@ -4,6 +4,8 @@
 
 #include <d2l/state_dict.h>
 
+#include <d2l/lazy.h>
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
@@ -101,6 +103,20 @@ StateDict read_bytes(const std::string& bytes, const Source& source) {
 
 // Python's state_dict() order: a module's parameters, its buffers, then each
 // child's, recursively.
+// Saving a lazy layer without its width would write empty tensors that no
+// module loads.
+void check_materialized(const torch::nn::Module& module, const std::string& prefix) {
+  if (const auto* lazy = dynamic_cast<const LazyModule*>(&module)) {
+    TORCH_CHECK(!lazy->has_uninitialized_params(),
+                fmt::format("d2l::save_state_dict: {} ({}) has no input width yet: run one batch "
+                            "through the model (the book's apply_init) before saving",
+                            prefix.empty() ? std::string("the module") : prefix, module.name()));
+  }
+  for (const auto& c : module.named_children()) {
+    check_materialized(*c.value(), prefix + c.key() + ".");
+  }
+}
+
 void collect(const torch::nn::Module& module, const std::string& prefix, StateDict& out) {
   for (const auto& p : module.named_parameters(/*recurse=*/false))
     out.emplace_back(prefix + p.key(), p.value());
@@ -113,19 +129,74 @@ std::string describe(const torch::Tensor& t) {
   return fmt::format("{} {}", c10::toString(t.scalar_type()), detail::shape_of(t));
 }
 
+void check_and_copy(torch::nn::Module& module, const StateDict& entries, bool strict,
+                    const Source& source, std::vector<std::string>& mismatched,
+                    const std::set<const void*>& converted);
+
+// Lazy layers still waiting for their width take it from the file's weight
+// (include/d2l/lazy.h); those materialised are returned, to be emptied again
+// if the load fails. A weight that fits no width is reported in `mismatched`.
+std::vector<LazyModule*> materialize_lazy(torch::nn::Module& module, const std::string& prefix,
+                                          const std::map<std::string, torch::Tensor>& file,
+                                          std::vector<std::string>& mismatched) {
+  std::vector<LazyModule*> done;
+  auto* lazy = dynamic_cast<LazyModule*>(&module);
+  if (lazy != nullptr && lazy->has_uninitialized_params()) {
+    const auto it = file.find(prefix + "weight");
+    if (it != file.end()) {
+      std::string why;
+      if (const auto width = lazy->width_for(it->second.sizes(), why)) {
+        lazy->materialize_uninitialized(*width);
+        done.push_back(lazy);
+      } else {
+        mismatched.push_back(fmt::format("{}weight ({})", prefix, why));
+      }
+    }
+  }
+  for (const auto& c : module.named_children()) {
+    auto more = materialize_lazy(*c.value(), prefix + c.key() + ".", file, mismatched);
+    done.insert(done.end(), more.begin(), more.end());
+  }
+  return done;
+}
+
 void apply(torch::nn::Module& module, const StateDict& entries, bool strict, const Source& source) {
+  std::vector<std::string> mismatched;
+  const auto lazy = materialize_lazy(
+      module, "", std::map<std::string, torch::Tensor>(entries.begin(), entries.end()),
+      mismatched);
+  // The layers materialised here were given their dtype by `to` before the
+  // load, as PyTorch's lazy layers are: the file's values are converted.
+  std::set<const void*> converted;
+  for (auto* m : lazy) {
+    for (const auto& p : dynamic_cast<torch::nn::Module*>(m)->parameters(/*recurse=*/false)) {
+      converted.insert(p.unsafeGetTensorImpl());
+    }
+  }
+  try {
+    check_and_copy(module, entries, strict, source, mismatched, converted);
+  } catch (...) {
+    for (auto* m : lazy) m->dematerialize();
+    throw;
+  }
+}
+
+void check_and_copy(torch::nn::Module& module, const StateDict& entries, bool strict,
+                    const Source& source, std::vector<std::string>& mismatched,
+                    const std::set<const void*>& converted) {
   StateDict own;
   collect(module, "", own);
   std::map<std::string, torch::Tensor> targets(own.begin(), own.end());
   std::set<std::string> seen;
-  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<std::string> missing, unexpected;
   for (const auto& [key, value] : entries) {
     seen.insert(key);
     const auto it = targets.find(key);
     if (it == targets.end()) {
       unexpected.push_back(key);
     } else if (value.sizes() != it->second.sizes() ||
-               value.scalar_type() != it->second.scalar_type()) {
+               (value.scalar_type() != it->second.scalar_type() &&
+                converted.count(it->second.unsafeGetTensorImpl()) == 0)) {
       mismatched.push_back(
           fmt::format("{} (file {}, module {})", key, describe(value), describe(it->second)));
     }
@@ -216,6 +287,7 @@ void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& 
 }
 
 void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  check_materialized(module, "");
   StateDict entries;
   collect(module, "", entries);
   const Source source{"d2l::save_state_dict", path};
@@ -225,6 +297,7 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
 }
 
 void save_state_dict(const torch::nn::Module& module, std::ostream& out) {
+  check_materialized(module, "");
   StateDict entries;
   collect(module, "", entries);
   write(entries, out, Source{"d2l::save_state_dict", kStream});

@@ -1,0 +1,7 @@
+#pragma once
+
+// d2l 1.0 (the English book at d2l.ai): its classes with its constructors, in
+// namespace d2l::v1 beside the 0.17 edition's in d2l (docs/editions.md).
+
+#include <d2l/lazy.h>
+#include <d2l/v1/attention.h>
