@@ -508,7 +508,10 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures.py
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
+	$(PYTHON) tests/fixtures/generate_fixtures_v1.py --verify-cpp
+	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_v1.py --verify-cpp; fi
 	$(PYTHON) tests/fixtures/generate_fixtures_nn.py
 	$(PYTHON) tests/fixtures/generate_fixtures_v1_pooling.py
 	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_nn.py; \

@@ -5,4 +5,7 @@
 
 #include <d2l/lazy.h>
 #include <d2l/v1/attention.h>
+#include <d2l/v1/encoder_decoder.h>
+#include <d2l/v1/seq2seq.h>
+#include <d2l/v1/transformer.h>
 #include <d2l/v1/nadaraya_watson.h>

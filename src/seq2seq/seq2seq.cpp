@@ -21,59 +21,10 @@ namespace {
 using detail::check_enc_valid_lens;
 using detail::checked_tokens;
 
-void check_options(const char* fn, const Seq2SeqOptions& o) {
-  TORCH_CHECK(o.vocab_size() > 0 && o.embed_size() > 0 && o.num_hiddens() > 0 && o.num_layers() > 0,
-              fmt::format("{}: vocab_size, embed_size, num_hiddens and num_layers must be "
-                          "positive, got vocab_size={}, embed_size={}, num_hiddens={}, "
-                          "num_layers={}",
-                          fn, o.vocab_size(), o.embed_size(), o.num_hiddens(), o.num_layers()));
-  TORCH_CHECK(o.dropout() >= 0 && o.dropout() <= 1,
-              fmt::format("{}: dropout must be a probability in [0, 1], got {}", fn, o.dropout()));
-}
-
-std::string describe(const char* fn, const Seq2SeqOptions& o) {
-  return fmt::format("{}(vocab_size={}, embed_size={}, num_hiddens={}, num_layers={}, dropout={})",
-                     fn, o.vocab_size(), o.embed_size(), o.num_hiddens(), o.num_layers(),
-                     o.dropout());
-}
-
 torch::nn::GRU make_gru(int64_t input_size, const Seq2SeqOptions& o) {
   return torch::nn::GRU(torch::nn::GRUOptions(input_size, o.num_hiddens())
                             .num_layers(o.num_layers())
                             .dropout(o.dropout()));
-}
-
-// A recurrent state `name` must be (num_layers, batch, num_hiddens) in the
-// dtype and on the device of the GRU's weights.
-void check_hidden_state(const char* fn, const char* name, const torch::Tensor& state, int64_t batch,
-                        const Seq2SeqOptions& o, const torch::nn::GRU& rnn) {
-  detail::check_strided_layout(fn, name, state);
-  TORCH_CHECK(
-      state.defined() && state.dim() == 3 && state.size(0) == o.num_layers() &&
-          state.size(1) == batch && state.size(2) == o.num_hiddens(),
-      fmt::format("{}: {} must have shape [num_layers={}, batch_size={}, num_hiddens={}], "
-                  "got {}",
-                  fn, name, o.num_layers(), batch, o.num_hiddens(), detail::shape_of(state)));
-  const torch::Tensor weight = rnn->named_parameters(false)["weight_hh_l0"];
-  detail::check_same_device(fn, "rnn.weight_hh_l0", weight, name, state);
-  detail::check_same_dtype(fn, "rnn.weight_hh_l0", weight, name, state);
-}
-
-// The encoder's (outputs (num_steps, B, h), hidden_state (num_layers, B, h)).
-void check_encoder_output(const char* fn, const EncoderOutput& enc, const Seq2SeqOptions& o,
-                          const torch::nn::GRU& rnn) {
-  detail::check_strided_layout(fn, "enc_outputs.outputs", enc.outputs);
-  detail::check_strided_layout(fn, "enc_outputs.hidden_state", enc.hidden_state);
-  TORCH_CHECK(enc.outputs.defined() && enc.outputs.dim() == 3 && enc.outputs.size(0) > 0 &&
-                  enc.outputs.size(2) == o.num_hiddens(),
-              fmt::format("{}: enc_outputs.outputs must have shape [num_steps, batch_size, "
-                          "num_hiddens={}] with at least one step, got {}",
-                          fn, o.num_hiddens(), detail::shape_of(enc.outputs)));
-  check_hidden_state(fn, "enc_outputs.hidden_state", enc.hidden_state, enc.outputs.size(1), o, rnn);
-  detail::check_same_dtype(fn, "enc_outputs.hidden_state", enc.hidden_state, "enc_outputs.outputs",
-                           enc.outputs);
-  detail::check_same_device(fn, "enc_outputs.hidden_state", enc.hidden_state, "enc_outputs.outputs",
-                            enc.outputs);
 }
 
 // The attention decoder's state as init_state makes it, whatever the caller
@@ -140,14 +91,14 @@ Seq2SeqEncoderImpl::Seq2SeqEncoderImpl(const Seq2SeqEncoderOptions& options_) : 
 }
 
 void Seq2SeqEncoderImpl::reset() {
-  check_options("d2l::Seq2SeqEncoder", options);
+  detail::check_seq2seq_options("d2l::Seq2SeqEncoder", options);
   embedding = register_module("embedding",
                               torch::nn::Embedding(options.vocab_size(), options.embed_size()));
   rnn = register_module("rnn", make_gru(options.embed_size(), options));
 }
 
 void Seq2SeqEncoderImpl::pretty_print(std::ostream& stream) const {
-  stream << describe("d2l::Seq2SeqEncoder", options);
+  stream << detail::describe_seq2seq("d2l::Seq2SeqEncoder", options);
 }
 
 EncoderOutput Seq2SeqEncoderImpl::forward(const torch::Tensor& X, const torch::Tensor& valid_lens) {
@@ -173,7 +124,7 @@ Seq2SeqDecoderImpl::Seq2SeqDecoderImpl(const Seq2SeqDecoderOptions& options_) : 
 }
 
 void Seq2SeqDecoderImpl::reset() {
-  check_options("d2l::Seq2SeqDecoder", options);
+  detail::check_seq2seq_options("d2l::Seq2SeqDecoder", options);
   embedding = register_module("embedding",
                               torch::nn::Embedding(options.vocab_size(), options.embed_size()));
   rnn = register_module("rnn", make_gru(options.embed_size() + options.num_hiddens(), options));
@@ -181,13 +132,13 @@ void Seq2SeqDecoderImpl::reset() {
 }
 
 void Seq2SeqDecoderImpl::pretty_print(std::ostream& stream) const {
-  stream << describe("d2l::Seq2SeqDecoder", options);
+  stream << detail::describe_seq2seq("d2l::Seq2SeqDecoder", options);
 }
 
 DecoderState Seq2SeqDecoderImpl::init_state(const EncoderOutput& enc_outputs,
                                             const torch::Tensor& enc_valid_lens) {
   constexpr const char* fn = "d2l::Seq2SeqDecoder::init_state";
-  check_encoder_output(fn, enc_outputs, options, rnn);
+  detail::check_encoder_output(fn, enc_outputs, options, rnn, "rnn");
   // Unused, as in the book, but a malformed one is a caller's bug all the same.
   check_enc_valid_lens(fn, "enc_valid_lens", enc_valid_lens, enc_outputs.outputs.size(1),
                        enc_outputs.outputs, "enc_outputs.outputs");
@@ -200,7 +151,8 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqDecoderImpl::forward(const torch:
                                                                     const DecoderState& state) {
   constexpr const char* fn = "d2l::Seq2SeqDecoder";
   const auto tokens = checked_tokens(fn, X, embedding);
-  check_hidden_state(fn, "state.hidden_state", state.hidden_state, X.size(0), options, rnn);
+  detail::check_hidden_state(fn, "state.hidden_state", state.hidden_state, X.size(0), options, rnn,
+                             "rnn");
   const auto embedded = embedding(tokens).permute({1, 0, 2});
   // The top layer of the state is the context of every step.
   const auto context = state.hidden_state[-1].repeat({embedded.size(0), 1, 1});
@@ -227,7 +179,7 @@ Seq2SeqAttentionDecoderImpl::Seq2SeqAttentionDecoderImpl(
 }
 
 void Seq2SeqAttentionDecoderImpl::reset() {
-  check_options("d2l::Seq2SeqAttentionDecoder", options);
+  detail::check_seq2seq_options("d2l::Seq2SeqAttentionDecoder", options);
   const int64_t h = options.num_hiddens();
   attention = register_module("attention", AdditiveAttention(h, h, h, options.dropout()));
   embedding = register_module("embedding",
@@ -237,13 +189,13 @@ void Seq2SeqAttentionDecoderImpl::reset() {
 }
 
 void Seq2SeqAttentionDecoderImpl::pretty_print(std::ostream& stream) const {
-  stream << describe("d2l::Seq2SeqAttentionDecoder", options);
+  stream << detail::describe_seq2seq("d2l::Seq2SeqAttentionDecoder", options);
 }
 
 DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_outputs,
                                                      const torch::Tensor& enc_valid_lens) {
   constexpr const char* fn = "d2l::Seq2SeqAttentionDecoder::init_state";
-  check_encoder_output(fn, enc_outputs, options, rnn);
+  detail::check_encoder_output(fn, enc_outputs, options, rnn, "rnn");
   check_enc_valid_lens(fn, "enc_valid_lens", enc_valid_lens, enc_outputs.outputs.size(1),
                        enc_outputs.outputs, "enc_outputs.outputs");
   DecoderState state;
@@ -267,7 +219,8 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
   constexpr const char* fn = "d2l::Seq2SeqAttentionDecoder";
   const auto tokens = checked_tokens(fn, X, embedding);
   const int64_t batch = X.size(0);
-  check_hidden_state(fn, "state.hidden_state", state.hidden_state, batch, options, rnn);
+  detail::check_hidden_state(fn, "state.hidden_state", state.hidden_state, batch, options, rnn,
+                             "rnn");
   check_attention_state(fn, state, batch, options, attention);
   const auto keys = projected_keys(fn, state, attention);
 

@@ -181,6 +181,40 @@ void apply(torch::nn::Module& module, const StateDict& entries, bool strict, con
   }
 }
 
+// d2l 1.0 wraps the seq2seq encoder's and decoder's GRU in d2l.GRU, so their
+// keys gain a level (`encoder.rnn.rnn.weight_ih_l0` for 0.17's
+// `encoder.rnn.weight_ih_l0`): where the missing and unexpected keys differ
+// just so, say which edition the file is from.
+std::string edition_hint(const std::vector<std::string>& missing,
+                         const std::vector<std::string>& unexpected) {
+  constexpr std::string_view wrapped = "rnn.rnn.";
+  const auto unwrapped = [&](const std::string& key) {
+    const auto at = key.find(wrapped);
+    return at == std::string::npos ? std::string()
+                                   : key.substr(0, at) + key.substr(at + wrapped.size() - 4);
+  };
+  const std::set<std::string> missing_set(missing.begin(), missing.end());
+  const std::set<std::string> unexpected_set(unexpected.begin(), unexpected.end());
+  for (const auto& key : unexpected) {
+    if (missing_set.count(unwrapped(key)) != 0) {
+      return fmt::format(
+          ". The file's GRU keys are d2l 1.0's ({}, its d2l.GRU wrapper) where the module has "
+          "d2l 0.17's ({}): load it into the d2l::v1 modules (<d2l/v1/seq2seq.h>)",
+          key, unwrapped(key));
+    }
+  }
+  for (const auto& key : missing) {
+    if (unexpected_set.count(unwrapped(key)) != 0) {
+      return fmt::format(
+          ". The file's GRU keys are d2l 0.17's ({}) where the module has d2l 1.0's ({}, its "
+          "d2l.GRU wrapper): load it into the 0.17 modules (d2l::Seq2SeqEncoder, "
+          "d2l::Seq2SeqDecoder of <d2l/seq2seq.h>)",
+          unwrapped(key), key);
+    }
+  }
+  return {};
+}
+
 void check_and_copy(torch::nn::Module& module, const StateDict& entries, bool strict,
                     const Source& source, std::vector<std::string>& mismatched,
                     const std::set<const void*>& converted) {
@@ -214,6 +248,7 @@ void check_and_copy(torch::nn::Module& module, const StateDict& entries, bool st
   if (strict) {
     add("missing keys", missing);
     add("unexpected keys", unexpected);
+    if (!problems.empty()) problems += edition_hint(missing, unexpected);
   }
   if (!problems.empty()) source.fail("the state dict does not fit the module: " + problems);
   torch::NoGradGuard no_grad;
