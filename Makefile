@@ -503,6 +503,8 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
 	$(PYTHON) tests/fixtures/generate_fixtures_nn.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_vit.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_vit.py --verify-cpp
 	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_nn.py; \
 	  else echo "fixtures: no $(VENV) (make deps-torch2): the torch 2.11 cases of generate_fixtures_nn.py are not regenerated"; fi
 
