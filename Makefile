@@ -79,7 +79,7 @@ endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         multi-head python-weights python-transformer \
-        fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 \
+        fra-eng bahdanau transformer vit-fashion-mnist seq2seq test check check-disk build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-nn bench-spread bench-dp device-sources \
         fixtures clean
@@ -226,6 +226,19 @@ transformer: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --model transformer \
 	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --out $(BUILD_DIR)/transformer
+
+# The book's Vision Transformer section: its recipe on all of Fashion-MNIST
+# (Debian's dataset-fashion-mnist), 10 epochs on 2 threads (about an hour
+# or more on 2 cores): progress, the final validation accuracy, the log and
+# the loss/accuracy plot under $(VIT_DIR) (docs/vit.md).
+VIT_DIR = $(BUILD_DIR)/vit
+vit-fashion-mnist: configure
+	$(call install_missing,dataset-fashion-mnist)
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target vit_fashion_mnist
+	mkdir -p $(VIT_DIR)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/vit_fashion_mnist --threads 2 \
+	  --profile --svg $(VIT_DIR)/loss.svg 2>&1 | tee $(VIT_DIR)/train.log; \
+	grep -q '^final val_acc' $(VIT_DIR)/train.log
 
 # One line per ctest log: its count, failures and skips; then their total.
 define ctest_summary
