@@ -78,6 +78,7 @@ else
 endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
+        attention-pooling \
         multi-head python-weights python-transformer \
         fra-eng bahdanau transformer vit-fashion-mnist seq2seq test check check-disk build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
@@ -147,6 +148,12 @@ demo: configure
 nadaraya-watson: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target nadaraya_watson
 	$(BUILD_DIR)/examples/nadaraya_watson --out $(BUILD_DIR)/nadaraya_watson
+
+# d2l 1.0's attention pooling by similarity: the kernels, their fits and
+# attention weights.
+attention-pooling: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attention_pooling_kernels
+	$(BUILD_DIR)/examples/attention_pooling_kernels --out $(BUILD_DIR)/attention_pooling
 
 # The book's multi-head attention: the output's shape and each head's
 # weights as heatmaps.
@@ -516,6 +523,7 @@ fixtures: deps-python
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
 	$(PYTHON) tests/fixtures/generate_fixtures_nn.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_pooling.py
 	$(PYTHON) tests/fixtures/generate_fixtures_v1_vit.py
 	$(PYTHON) tests/fixtures/generate_fixtures_v1_vit.py --verify-cpp
 	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_nn.py; \

@@ -12,6 +12,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <cmath>
 #include <sstream>
 #include <string>
 
@@ -144,6 +145,35 @@ TEST(V1Lazy, ClonesKeepTheirWidthAndValues) {
   auto copy = std::dynamic_pointer_cast<d2l::v1::MultiHeadAttentionImpl>(mha->clone());
   EXPECT_TRUE(torch::equal(copy->forward(q, q, q), y));
   EXPECT_NE(copy->W_q->weight.data_ptr(), mha->W_q->weight.data_ptr());
+}
+
+TEST(V1Lazy, Conv2dTakesItsChannelsFromTheFirstInput) {
+  d2l::LazyConv2d conv(6, 4, 4);
+  EXPECT_EQ(conv->weight.numel(), 0);
+  const auto x = torch::randn({2, 3, 8, 12});
+  auto y = conv(x);
+  EXPECT_EQ(conv->weight.sizes(), (std::vector<int64_t>{6, 3, 4, 4}));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 6, 2, 3}));
+  EXPECT_TRUE(torch::allclose(y, torch::conv2d(x, conv->weight, conv->bias, 4)));
+  // fan_in = 3 * 4 * 4: the bias is uniform in +-1/sqrt(48).
+  EXPECT_LE(conv->bias.abs().max().item<double>(), 1.0 / std::sqrt(48.0) + 1e-6);
+  const auto message = error_of([&] { conv(torch::randn({2, 1, 8, 8})); });
+  EXPECT_NE(message.find("d2l::LazyConv2d::forward"), std::string::npos) << message;
+  EXPECT_NE(message.find("1 channels"), std::string::npos) << message;
+  EXPECT_NE(message.find("fixed at 3"), std::string::npos) << message;
+  const auto small = error_of([&] { d2l::LazyConv2d(6, 4, 4)(torch::randn({1, 3, 2, 8})); });
+  EXPECT_NE(small.find("smaller than the kernel"), std::string::npos) << small;
+  std::stringstream file;
+  d2l::save_state_dict(*conv, file);
+  d2l::LazyConv2d target(6, 4, 4);
+  d2l::load_state_dict(*target, file);
+  EXPECT_TRUE(torch::equal(target(x), y));
+  d2l::LazyConv2d wrong_kernel(6, 3, 3);
+  file.clear();
+  file.seekg(0);
+  const auto load_error = error_of([&] { d2l::load_state_dict(*wrong_kernel, file); });
+  EXPECT_NE(load_error.find("kernel 3x3"), std::string::npos) << load_error;
+  EXPECT_TRUE(wrong_kernel->has_uninitialized_params());
 }
 
 TEST(V1MultiHeadAttention, EqualsTheBookEditionWithTheSameWeights) {

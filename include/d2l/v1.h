@@ -5,4 +5,5 @@
 
 #include <d2l/lazy.h>
 #include <d2l/v1/attention.h>
+#include <d2l/v1/nadaraya_watson.h>
 #include <d2l/v1/vit.h>

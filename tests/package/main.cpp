@@ -1,6 +1,7 @@
 // Exits 0 only if the library it was built against computes the book's toy
 // example correctly (and, where the package has d2l::viz, draws a plot).
 #include <d2l/attention.h>
+#include <d2l/v1.h>
 #ifdef D2L_CONSUMER_USES_VIZ
 #include <d2l/viz.h>
 #endif
@@ -17,7 +18,14 @@ int main() {
   attention->eval();
   const auto out = attention(torch::normal(0, 1, {2, 1, 2}), keys, values, torch::tensor({2, 6}));
   const auto expected = torch::tensor({{{2.f, 3.f, 4.f, 5.f}}, {{10.f, 11.f, 12.f, 13.f}}});
-  const bool ok = torch::allclose(out, expected);
+  // d2l 1.0's edition, from the installed include/d2l/v1/: a lazy layer's
+  // width comes from its first input.
+  d2l::v1::MultiHeadAttention heads(8, 2, 0.0);
+  const bool lazy_ok =
+      heads(torch::ones({1, 3, 5}), keys.narrow(0, 0, 1), keys.narrow(0, 0, 1)).sizes() ==
+          torch::IntArrayRef({1, 3, 8}) &&
+      heads->W_q->weight.sizes() == torch::IntArrayRef({8, 5});
+  const bool ok = torch::allclose(out, expected) && lazy_ok;
   // The consumer's LibTorch headers must be those the library was built with.
   const std::string headers = std::to_string(TORCH_VERSION_MAJOR) + "." +
                               std::to_string(TORCH_VERSION_MINOR) + "." +
