@@ -13,11 +13,11 @@ cross-entropy loss, accuracy), the book's recipe by default: img 96, patch 16,
 
 The data are the images examples/vit_fashion_mnist reads: Debian's
 dataset-fashion-mnist IDX files (--data), the first --train-size training and
---val-size test images, scaled to [0, 1] and resized to 96x96 per batch
-(bilinear, as torchvision's Resize does when it enlarges; the book's
-torchvision pipeline works on PIL images, whose uint8 rounding is the only
-difference), the training set reshuffled each epoch as the book's DataLoader
-does. The progress board is left out (it only plots).
+--val-size test images, each transformed as the book's torchvision pipeline
+does (Resize on the PIL image, bilinear, then ToTensor), the training set
+reshuffled each epoch as the book's DataLoader does; the batches are made in
+the training process (the book's DataLoader uses 4 worker processes). The
+progress board is left out (it only plots).
 
 It prints, per epoch, the training loss, the validation loss and accuracy and
 the epoch's seconds, then `final val_acc A` and the wall time of all epochs.
@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 import torch
-from torch.nn import functional as F
+from PIL import Image
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests",
                                 "reference"))
@@ -62,15 +62,20 @@ def load_split(root, train, size):
     labels = read_idx(find(f"{prefix}-labels-idx1-ubyte"))
     if size:
         images, labels = images[:size], labels[:size]
-    return torch.from_numpy(images.copy()), torch.from_numpy(labels.astype(np.int64))
+    return images, torch.from_numpy(labels.astype(np.int64))
+
+
+def to_tensor(image, img_size):
+    """torchvision's Resize((img_size, img_size)) on the PIL image, then ToTensor."""
+    resized = Image.fromarray(image).resize((img_size, img_size), Image.BILINEAR)
+    return torch.from_numpy(np.asarray(resized, dtype=np.float32) / 255).unsqueeze(0)
 
 
 def batches(images, labels, batch_size, shuffle, img_size):
     order = torch.randperm(len(labels)) if shuffle else torch.arange(len(labels))
     for start in range(0, len(labels), batch_size):
         idx = order[start:start + batch_size]
-        X = images[idx].unsqueeze(1).float().div_(255)
-        X = F.interpolate(X, size=(img_size, img_size), mode="bilinear", align_corners=False)
+        X = torch.stack([to_tensor(images[i], img_size) for i in idx.tolist()])
         yield X, labels[idx]
 
 
