@@ -25,12 +25,15 @@ JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 
 # Debian's packages for every leg, and Debian's LibTorch for TORCH=debian.
+# dataset-fashion-mnist: the data of d2l 1.0's FashionMNIST, which its tests
+# read (/usr/share/datasets/fashion-mnist; `make fashion-mnist` alone).
 DEBIAN_PACKAGES := cmake ninja-build g++ python3 libfmt-dev libgtest-dev libgmock-dev \
                    libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev \
-                   libgloo-dev libcli11-dev
+                   libgloo-dev libcli11-dev dataset-fashion-mnist
 DEBIAN_TORCH_PACKAGES := libtorch-dev
-# Only `make bench` (bench-book) and `make fixtures` need Python with torch.
-PYTHON_PACKAGES := python3-torch
+# Only `make bench` (bench-book) and `make fixtures` need Python with torch;
+# the Fashion-MNIST fixture also PIL (the book's resize).
+PYTHON_PACKAGES := python3-torch python3-pil
 
 # The LibTorch 2.x leg: PyPI's torch wheel (a CUDA build; its LibTorch also
 # compiles our CUDA paths) in a project-local virtual environment. Pinned:
@@ -79,7 +82,7 @@ endif
 
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         multi-head python-weights python-transformer \
-        fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 \
+        fra-eng fashion-mnist bahdanau transformer seq2seq test check check-disk build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-nn bench-spread bench-dp device-sources \
         fixtures clean
@@ -211,6 +214,16 @@ fra-eng:
 	  echo "and run make fra-eng again; the examples take --data PATH to the zip or its fra.txt." >&2; \
 	  exit 1; \
 	fi
+
+# Fashion-MNIST (d2l 1.0's FashionMNIST) from Debian's dataset-fashion-mnist,
+# which `make deps` also installs: the four gzipped IDX files in
+# $(FASHION_MNIST_DIR). The library reads them there by default; elsewhere,
+# FashionMNISTOptions().root(...) or D2L_FASHION_MNIST names the folder.
+FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+fashion-mnist:
+	$(call install_missing,dataset-fashion-mnist)
+	@ls -l $(foreach split,train t10k,$(foreach file,images-idx3 labels-idx1,\
+	  $(FASHION_MNIST_DIR)/$(split)-$(file)-ubyte.gz))
 
 # The book's Bahdanau section on fra-eng (the book's recipe, 250 epochs):
 # loss, tokens/s, four translations with BLEU, loss curve and heatmap.
@@ -497,8 +510,9 @@ device-sources:
 	rm -rf .device && mkdir -p .device && cp -r /usr/src/googletest .device/googletest
 
 # Regenerates the golden fixtures from the Python reference code.
-fixtures: deps-python
+fixtures: deps-python fashion-mnist
 	$(PYTHON) tests/fixtures/generate_fixtures.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_fashion_mnist.py $(FASHION_MNIST_DIR)
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp

@@ -5,3 +5,4 @@
 
 #include <d2l/lazy.h>
 #include <d2l/v1/attention.h>
+#include <d2l/v1/fashion_mnist.h>
