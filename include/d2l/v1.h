@@ -7,3 +7,4 @@
 #include <d2l/v1/attention.h>
 #include <d2l/v1/nadaraya_watson.h>
 #include <d2l/v1/vit.h>
+#include <d2l/v1/fashion_mnist.h>
