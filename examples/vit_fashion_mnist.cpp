@@ -22,19 +22,16 @@
 #include <d2l/backend.h>
 #include <d2l/v1.h>
 #include <d2l/viz.h>
-#include <torch/nn/functional/upsampling.h>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include <zlib.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <utility>
 #include <cstdlib>
 #include <string>
@@ -45,7 +42,7 @@
 namespace {
 
 struct Args {
-  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string data;  // FashionMNISTOptions' default
   int64_t epochs = 10, train_size = 0, val_size = 0;
   int threads = 2, blas_threads = 0;
   std::string svg;
@@ -58,7 +55,9 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args args;
   CLI::App app{"d2l 1.0's Vision Transformer on Fashion-MNIST, the book's recipe"};
-  app.add_option("--data", args.data, "folder of Fashion-MNIST's IDX files (.gz or not)");
+  app.add_option("--data", args.data,
+                 "folder of Fashion-MNIST's IDX files, .gz or not (default: $D2L_FASHION_MNIST, "
+                 "else /usr/share/datasets/fashion-mnist)");
   app.add_option("--epochs", args.epochs, "training epochs (the book's: 10)")
       ->check(examples::kCount);
   app.add_option("--train-size", args.train_size, "the first N training images (default: all)")
@@ -121,94 +120,6 @@ struct Board {
   }
 };
 
-// ---------------------------------------------------------------------------
-// Fashion-MNIST, read here until the library's data module (d2l::v1::
-// FashionMNIST) is merged: the IDX files (gzipped or not), the first N
-// images, scaled to [0, 1] and resized per batch (bilinear, as
-// torchvision's Resize enlarges), the training set reshuffled each pass.
-
-torch::Tensor read_idx(const std::string& path, int64_t dims, int64_t limit) {
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files too
-  TORCH_CHECK(f != nullptr, fmt::format("cannot open {}", path));
-  std::vector<unsigned char> head(4 + 4 * dims);
-  const bool ok = gzread(f, head.data(), head.size()) == static_cast<int>(head.size());
-  std::vector<int64_t> shape;
-  for (int64_t i = 0; ok && i < dims; ++i) {
-    const unsigned char* p = head.data() + 4 + 4 * i;
-    shape.push_back((int64_t(p[0]) << 24) | (p[1] << 16) | (p[2] << 8) | p[3]);
-  }
-  if (!ok || head[0] != 0 || head[1] != 0 || head[2] != 8 || head[3] != dims || shape[0] > 70000 ||
-      (dims == 3 && (shape[1] != 28 || shape[2] != 28))) {
-    gzclose(f);
-    TORCH_CHECK(false, fmt::format("{}: not a Fashion-MNIST IDX file", path));
-  }
-  if (limit > 0) shape[0] = std::min(shape[0], limit);
-  auto t = torch::empty(shape, torch::kUInt8);
-  const auto bytes = static_cast<unsigned>(t.numel());
-  const bool read = gzread(f, t.data_ptr<uint8_t>(), bytes) == static_cast<int>(bytes);
-  gzclose(f);
-  TORCH_CHECK(read, fmt::format("{}: truncated", path));
-  return t;
-}
-
-std::string find_idx(const std::string& root, const std::string& name) {
-  for (const auto& p : {root + "/" + name + ".gz", root + "/" + name}) {
-    if (std::ifstream(p).good()) return p;
-  }
-  TORCH_CHECK(false, fmt::format("no {} or {}.gz under {}", name, name, root));
-}
-
-class Loader {
- public:
-  Loader(torch::Tensor images, torch::Tensor labels, int64_t batch_size, int64_t img_size,
-         bool shuffle)
-      : images_(std::move(images)), labels_(std::move(labels)), batch_size_(batch_size),
-        img_size_(img_size) {
-    const int64_t n = labels_.size(0);
-    order_ = shuffle ? torch::randperm(n) : torch::arange(n);
-  }
-  struct Iterator {
-    const Loader* loader;
-    int64_t start;
-    std::pair<torch::Tensor, torch::Tensor> operator*() const { return loader->batch(start); }
-    Iterator& operator++() { start += loader->batch_size_; return *this; }
-    bool operator!=(const Iterator& o) const { return start < o.start; }
-  };
-  Iterator begin() const { return {this, 0}; }
-  Iterator end() const { return {this, labels_.size(0)}; }
-
- private:
-  std::pair<torch::Tensor, torch::Tensor> batch(int64_t start) const {
-    const auto idx = order_.slice(0, start, start + batch_size_);
-    auto X = images_.index_select(0, idx).unsqueeze(1).to(torch::kFloat32).div_(255);
-    X = torch::nn::functional::interpolate(
-        X, torch::nn::functional::InterpolateFuncOptions()
-               .size(std::vector<int64_t>{img_size_, img_size_})
-               .mode(torch::kBilinear)
-               .align_corners(false));
-    return {X, labels_.index_select(0, idx)};
-  }
-  torch::Tensor images_, labels_, order_;
-  int64_t batch_size_, img_size_;
-};
-
-struct FashionMNIST {
-  FashionMNIST(const std::string& root, int64_t batch_size, int64_t img_size, int64_t train_size,
-               int64_t val_size)
-      : batch_size(batch_size), img_size(img_size) {
-    train_X = read_idx(find_idx(root, "train-images-idx3-ubyte"), 3, train_size);
-    train_y = read_idx(find_idx(root, "train-labels-idx1-ubyte"), 1, train_size).to(torch::kLong);
-    val_X = read_idx(find_idx(root, "t10k-images-idx3-ubyte"), 3, val_size);
-    val_y = read_idx(find_idx(root, "t10k-labels-idx1-ubyte"), 1, val_size).to(torch::kLong);
-  }
-  int64_t num_train() const { return train_y.size(0); }
-  int64_t num_val() const { return val_y.size(0); }
-  Loader train_dataloader() const { return Loader(train_X, train_y, batch_size, img_size, true); }
-  Loader val_dataloader() const { return Loader(val_X, val_y, batch_size, img_size, false); }
-  int64_t batch_size, img_size;
-  torch::Tensor train_X, train_y, val_X, val_y;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -224,11 +135,14 @@ int main(int argc, char** argv) try {
   d2l::set_num_threads(args.threads, args.blas_threads);
   torch::manual_seed(0);
   const auto t0 = Clock::now();
-  const FashionMNIST data(args.data, args.batch_size, args.img_size, args.train_size,
-                          args.val_size);
+  const d2l::v1::FashionMNIST data(args.batch_size, {args.img_size, args.img_size},
+                                   d2l::v1::FashionMNISTOptions()
+                                       .root(args.data)
+                                       .train_size(args.train_size)
+                                       .val_size(args.val_size));
   fmt::print("Fashion-MNIST from {}: {} training and {} validation images, resized to {}x{}; "
              "{} threads (BLAS {})\n",
-             args.data, data.num_train(), data.num_val(), args.img_size, args.img_size,
+             data.root(), *data.train.size(), *data.val.size(), args.img_size, args.img_size,
              args.threads, args.blas_threads);
 
   // The book's lines.
@@ -238,7 +152,8 @@ int main(int argc, char** argv) try {
 
   Board board;
   double val_acc = 0;
-  const int64_t num_batches = (data.num_train() + args.batch_size - 1) / args.batch_size;
+  auto train_loader = data.train_dataloader();
+  const int64_t num_batches = train_loader.size();
   for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
     const auto start = Clock::now();
     Phases phases;
@@ -246,7 +161,9 @@ int main(int argc, char** argv) try {
     double half_loss = 0, epoch_loss = 0;
     int64_t half_count = 0, seen = 0, batch = 0;
     auto tick = Clock::now();
-    for (const auto [X, y] : data.train_dataloader()) {
+    for (auto& example : train_loader) {
+      const auto& X = example.data;
+      const auto& y = example.target;
       phases.batches += seconds_since(tick);
       tick = Clock::now();
       auto loss = model->loss(model(X), y);
@@ -269,7 +186,7 @@ int main(int argc, char** argv) try {
                    num_batches, l, seen / seconds_since(start));
         std::fflush(stdout);
       }
-      if (2 * batch == num_batches || batch == num_batches || (num_batches == 1 && batch == 1)) {
+      if (batch == num_batches / 2 || batch == num_batches) {
         board.train_loss.x.push_back(epoch + double(batch) / num_batches);
         board.train_loss.y.push_back(half_loss / half_count);
         half_loss = 0;
@@ -284,7 +201,9 @@ int main(int argc, char** argv) try {
     int64_t n = 0;
     {
       torch::NoGradGuard no_grad;
-      for (const auto [X, y] : data.val_dataloader()) {
+      for (auto& example : data.val_dataloader()) {
+        const auto& X = example.data;
+        const auto& y = example.target;
         const auto Y_hat = model(X);
         val_loss += model->loss(Y_hat, y).item<double>() * y.size(0);
         correct += model->accuracy(Y_hat, y).item<double>() * y.size(0);
