@@ -43,7 +43,7 @@ namespace {
 
 struct Args {
   std::string data;  // FashionMNISTOptions' default
-  int64_t epochs = 10, train_size = 0, val_size = 0;
+  int64_t epochs = 10, train_size = -1, val_size = -1;  // -1: all
   int threads = 2, blas_threads = 0;
   std::string svg;
   bool profile = false;
@@ -144,6 +144,7 @@ int main(int argc, char** argv) try {
              "{} threads (BLAS {})\n",
              data.root(), *data.train.size(), *data.val.size(), args.img_size, args.img_size,
              args.threads, args.blas_threads);
+  std::fflush(stdout);
 
   // The book's lines.
   d2l::v1::ViT model(args.img_size, args.patch_size, args.num_hiddens, args.mlp_num_hiddens,
