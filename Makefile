@@ -25,12 +25,15 @@ JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 
 # Debian's packages for every leg, and Debian's LibTorch for TORCH=debian.
+# dataset-fashion-mnist: the data of d2l 1.0's FashionMNIST, which its tests
+# read (/usr/share/datasets/fashion-mnist; `make fashion-mnist` alone).
 DEBIAN_PACKAGES := cmake ninja-build g++ python3 libfmt-dev libgtest-dev libgmock-dev \
                    libbenchmark-dev libopenblas0-pthread libsleef-dev libxml2-dev zlib1g-dev \
-                   libgloo-dev libcli11-dev
+                   libgloo-dev libcli11-dev dataset-fashion-mnist
 DEBIAN_TORCH_PACKAGES := libtorch-dev
-# Only `make bench` (bench-book) and `make fixtures` need Python with torch.
-PYTHON_PACKAGES := python3-torch
+# Only `make bench` (bench-book) and `make fixtures` need Python with torch;
+# the Fashion-MNIST fixture also PIL (the book's resize).
+PYTHON_PACKAGES := python3-torch python3-pil
 
 # The LibTorch 2.x leg: PyPI's torch wheel (a CUDA build; its LibTorch also
 # compiles our CUDA paths) in a project-local virtual environment. Pinned:
@@ -80,7 +83,7 @@ endif
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         attention-pooling \
         multi-head python-weights python-transformer \
-        fra-eng bahdanau transformer seq2seq test check check-disk build-torch2 \
+        fra-eng fashion-mnist bahdanau transformer vit-fashion-mnist seq2seq test check check-disk build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-nn bench-spread bench-dp device-sources \
         fixtures clean
@@ -219,6 +222,16 @@ fra-eng:
 	  exit 1; \
 	fi
 
+# Fashion-MNIST (d2l 1.0's FashionMNIST) from Debian's dataset-fashion-mnist,
+# which `make deps` also installs: the four gzipped IDX files in
+# $(FASHION_MNIST_DIR). The library reads them there by default; elsewhere,
+# FashionMNISTOptions().root(...) or D2L_FASHION_MNIST names the folder.
+FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+fashion-mnist:
+	$(call install_missing,dataset-fashion-mnist)
+	@ls -l $(foreach split,train t10k,$(foreach file,images-idx3 labels-idx1,\
+	  $(FASHION_MNIST_DIR)/$(split)-$(file)-ubyte.gz))
+
 # The book's Bahdanau section on fra-eng (the book's recipe, 250 epochs):
 # loss, tokens/s, four translations with BLEU, loss curve and heatmap.
 bahdanau: configure fra-eng
@@ -233,6 +246,17 @@ transformer: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --model transformer \
 	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --out $(BUILD_DIR)/transformer
+
+# The book's Vision Transformer section: its recipe on all of Fashion-MNIST,
+# 10 epochs on 2 threads (hours on 2 cores): progress, the final validation
+# accuracy, the log and the loss/accuracy plot under $(VIT_DIR) (docs/vit.md).
+VIT_DIR = $(BUILD_DIR)/vit
+vit-fashion-mnist: configure fashion-mnist
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target vit_fashion_mnist
+	mkdir -p $(VIT_DIR)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/vit_fashion_mnist --threads 2 \
+	  --profile --svg $(VIT_DIR)/loss.svg 2>&1 | tee $(VIT_DIR)/train.log; \
+	grep -q '^final val_acc 0[.]' $(VIT_DIR)/train.log
 
 # One line per ctest log: its count, failures and skips; then their total.
 define ctest_summary
@@ -504,8 +528,9 @@ device-sources:
 	rm -rf .device && mkdir -p .device && cp -r /usr/src/googletest .device/googletest
 
 # Regenerates the golden fixtures from the Python reference code.
-fixtures: deps-python
+fixtures: deps-python fashion-mnist
 	$(PYTHON) tests/fixtures/generate_fixtures.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_fashion_mnist.py $(FASHION_MNIST_DIR)
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
 	$(PYTHON) tests/fixtures/generate_fixtures_v1.py
@@ -514,6 +539,8 @@ fixtures: deps-python
 	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_v1.py --verify-cpp; fi
 	$(PYTHON) tests/fixtures/generate_fixtures_nn.py
 	$(PYTHON) tests/fixtures/generate_fixtures_v1_pooling.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_vit.py
+	$(PYTHON) tests/fixtures/generate_fixtures_v1_vit.py --verify-cpp
 	if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/fixtures/generate_fixtures_nn.py; \
 	  else echo "fixtures: no $(VENV) (make deps-torch2): the torch 2.11 cases of generate_fixtures_nn.py are not regenerated"; fi
 

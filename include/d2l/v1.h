@@ -9,3 +9,5 @@
 #include <d2l/v1/seq2seq.h>
 #include <d2l/v1/transformer.h>
 #include <d2l/v1/nadaraya_watson.h>
+#include <d2l/v1/vit.h>
+#include <d2l/v1/fashion_mnist.h>
