@@ -95,8 +95,7 @@ TEST(V1ViT, KeysAreThoseOfTheBooksStateDictFromConstruction) {
 std::shared_ptr<torch::nn::Module> book_module(const std::string& c) {
   if (c == "vit") return d2l::v1::ViT(16, 4, 24, 48, 4, 2, 0.1, 0.1).ptr();
   if (c == "vit_bias") {
-    return d2l::v1::ViT(d2l::v1::ViTImpl({16, 12}, {4, 6}, 24, 48, 3, 2, 0.0, 0.0, 0.1, true, 7))
-        .ptr();
+    return d2l::v1::ViT({16, 12}, {4, 6}, 24, 48, 3, 2, 0.0, 0.0, 0.1, true, 7).ptr();
   }
   if (c == "block") return d2l::v1::ViTBlock(24, 24, 48, 4, 0.0, true).ptr();
   if (c == "patch") return d2l::v1::PatchEmbedding({16, 24}, {8, 4}, 20).ptr();

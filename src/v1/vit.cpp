@@ -229,6 +229,13 @@ ViTImpl::ViTImpl(torch::ExpandingArray<2> img_size_, torch::ExpandingArray<2> pa
   reset();
 }
 
+ViT::ViT(torch::ExpandingArray<2> img_size, torch::ExpandingArray<2> patch_size,
+         int64_t num_hiddens, int64_t mlp_num_hiddens, int64_t num_heads, int64_t num_blks,
+         double emb_dropout, double blk_dropout, double lr, bool use_bias, int64_t num_classes)
+    : ModuleHolder(std::make_shared<ViTImpl>(img_size, patch_size, num_hiddens, mlp_num_hiddens,
+                                             num_heads, num_blks, emb_dropout, blk_dropout, lr,
+                                             use_bias, num_classes)) {}
+
 void ViTImpl::reset() {
   const char* fn = "d2l::v1::ViT";
   check_positive(fn, "num_hiddens", num_hiddens);

@@ -208,6 +208,17 @@ class ViTImpl : public torch::nn::Cloneable<ViTImpl> {
   torch::nn::Sequential blks{nullptr};
   torch::nn::Sequential head{nullptr};
 };
-TORCH_MODULE(ViT);
+
+/// The holder; beyond TORCH_MODULE's, it takes pairs in braces:
+/// `ViT({96, 64}, {16, 8}, 512, 2048, 8, 2, 0.1, 0.1)`.
+class ViT : public torch::nn::ModuleHolder<ViTImpl> {
+ public:
+  using torch::nn::ModuleHolder<ViTImpl>::ModuleHolder;
+  using Impl = ViTImpl;
+  ViT(torch::ExpandingArray<2> img_size, torch::ExpandingArray<2> patch_size,
+      int64_t num_hiddens, int64_t mlp_num_hiddens, int64_t num_heads, int64_t num_blks,
+      double emb_dropout, double blk_dropout, double lr = 0.1, bool use_bias = false,
+      int64_t num_classes = 10);
+};
 
 }  // namespace d2l::v1
