@@ -4,6 +4,7 @@
 
 #include <d2l/v1.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -62,7 +63,17 @@ TEST_P(V1NadarayaWatsonGolden, MatchesTheBook) {
     for (int i = 0; i < 3; ++i) {
       const std::string key = name + ".grad." + names[i];
       if (fx.has_tensor(key)) {
-        EXPECT_TRUE(close_to(inputs[i].grad(), fx.tensor(key), tol, who + " " + key, dtype));
+        // A gradient entry is a sum of terms of size |G| |y| / sigma^2 that
+        // cancel to much less (sigma 0.1: an entry of 5e-4 beside others of
+        // 6), so float32 rounding differs between LibTorch builds by more
+        // than rtol of the entry itself. Compare float32 gradients normwise:
+        // atol is rtol times the largest entry of that gradient.
+        const auto expected = fx.tensor(key);
+        auto grad_tol = tol;
+        if (dtype == "float32") {
+          grad_tol.atol = std::max(tol.atol, tol.rtol * expected.abs().max().item<double>());
+        }
+        EXPECT_TRUE(close_to(inputs[i].grad(), expected, grad_tol, who + " " + key, dtype));
       } else {
         // Where the book's autograd gives no gradient (the boxcar's
         // comparison), neither does ours.
