@@ -250,12 +250,15 @@ transformer: configure
 # The book's Vision Transformer section: its recipe on all of Fashion-MNIST,
 # 10 epochs on 2 threads (hours on 2 cores): progress, the final validation
 # accuracy, the log and the loss/accuracy plot under $(VIT_DIR) (docs/vit.md).
+# A checkpoint after every epoch: run it again after an interruption and it
+# resumes where it stopped (the log is appended to).
 VIT_DIR = $(BUILD_DIR)/vit
 vit-fashion-mnist: configure fashion-mnist
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target vit_fashion_mnist
 	mkdir -p $(VIT_DIR)
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/vit_fashion_mnist --threads 2 \
-	  --profile --svg $(VIT_DIR)/loss.svg 2>&1 | tee $(VIT_DIR)/train.log; \
+	  --profile --svg $(VIT_DIR)/loss.svg --checkpoint $(VIT_DIR)/checkpoint.pt 2>&1 \
+	  | tee -a $(VIT_DIR)/train.log; \
 	grep -q '^final val_acc 0[.]' $(VIT_DIR)/train.log
 
 # One line per ctest log: its count, failures and skips; then their total.

@@ -6,6 +6,7 @@
 //
 //   vit_fashion_mnist [--data DIR] [--epochs N] [--train-size N] [--val-size N]
 //                     [--threads N] [--blas-threads N] [--svg FILE] [--profile]
+//                     [--checkpoint FILE]
 //                     [--img-size N --patch-size N --num-hiddens N --mlp-num-hiddens N
 //                      --num-heads N --num-blks N]
 //
@@ -16,6 +17,12 @@
 // board (training loss twice an epoch, validation loss and accuracy per
 // epoch), rewritten after every epoch. --profile adds where each epoch's
 // time went: preparing batches, forward, backward, the SGD step, validation.
+// --checkpoint saves the model, the optimizer, the random state and the
+// board after every epoch (atomically: a new file, then a rename) and, when
+// the file exists at the start, resumes after its last epoch: the run then
+// continues with the same shuffles and dropout draws as one uninterrupted
+// run. A checkpoint written by another recipe (sizes, subsets, lr) is an
+// error; --epochs may grow.
 // The size flags are for short runs and tests; the defaults are the book's.
 // docs/vit.md has the recipe, the results and the speed.
 
@@ -23,7 +30,9 @@
 #include <d2l/v1.h>
 #include <d2l/viz.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <torch/serialize.h>
 #include <CLI/CLI.hpp>
 
 #if defined(__GLIBC__)
@@ -33,7 +42,9 @@
 #include <algorithm>
 #include <chrono>
 #include <utility>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -45,7 +56,7 @@ struct Args {
   std::string data;  // FashionMNISTOptions' default
   int64_t epochs = 10, train_size = -1, val_size = -1;  // -1: all
   int threads = 2, blas_threads = 0;
-  std::string svg;
+  std::string svg, checkpoint;
   bool profile = false;
   int64_t batch_size = 128, img_size = 96, patch_size = 16, num_hiddens = 512,
           mlp_num_hiddens = 2048, num_heads = 8, num_blks = 2;
@@ -70,6 +81,8 @@ Args parse(int argc, char** argv) {
       ->check(examples::kCount);
   app.add_option("--svg", args.svg, "draw the loss and accuracy here");
   app.add_flag("--profile", args.profile, "print where each epoch's time went");
+  app.add_option("--checkpoint", args.checkpoint,
+                 "save here after every epoch; resume from here when the file exists");
   app.add_option("--batch-size", args.batch_size, "images a batch (the book's: 128)")
       ->check(examples::kCount);
   app.add_option("--img-size", args.img_size, "resize the images to N x N (the book's: 96)")
@@ -120,6 +133,97 @@ struct Board {
   }
 };
 
+// The recipe a checkpoint belongs to: everything that shapes the model, the
+// data or the optimizer (not --epochs, which a resumed run may raise).
+torch::Tensor recipe_of(const Args& a, int64_t train_images, int64_t val_images) {
+  return torch::tensor(std::vector<double>{
+      double(a.batch_size), double(a.img_size), double(a.patch_size), double(a.num_hiddens),
+      double(a.mlp_num_hiddens), double(a.num_heads), double(a.num_blks), a.emb_dropout,
+      a.blk_dropout, a.lr, double(train_images), double(val_images)},
+      torch::kFloat64);
+}
+const char* const kRecipeNames =
+    "batch_size, img_size, patch_size, num_hiddens, mlp_num_hiddens, num_heads, num_blks, "
+    "emb_dropout, blk_dropout, lr, training images, validation images";
+
+torch::Tensor to_tensor(const std::vector<double>& v) {
+  return torch::tensor(v, torch::kFloat64);
+}
+std::vector<double> to_vector(const torch::Tensor& t) {
+  const auto c = t.to(torch::kFloat64).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+torch::Tensor read_tensor(torch::serialize::InputArchive& archive, const std::string& key,
+                          const std::string& path) {
+  torch::Tensor t;
+  TORCH_CHECK(archive.try_read(key, t), "vit_fashion_mnist: checkpoint ", path, " has no '",
+              key, "': not a checkpoint of this program");
+  return t;
+}
+
+// Everything a resumed run needs, written to `path` through a temporary file
+// and a rename, so that an interrupted write leaves the previous checkpoint.
+void save_checkpoint(const std::string& path, const torch::Tensor& recipe, int64_t epochs_done,
+                     double val_acc, const Board& board, d2l::v1::ViT& model,
+                     torch::optim::Optimizer& optim) {
+  torch::serialize::OutputArchive archive, model_archive, optim_archive;
+  model->save(model_archive);
+  optim.save(optim_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optim_archive);
+  archive.write("recipe", recipe);
+  archive.write("epochs_done", torch::tensor(epochs_done));
+  archive.write("val_acc", torch::tensor(val_acc, torch::kFloat64));
+  archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
+  const std::pair<const char*, const d2l::Series*> series[] = {
+      {"train_loss", &board.train_loss}, {"val_loss", &board.val_loss},
+      {"val_acc_curve", &board.val_acc}};
+  for (const auto& [name, s] : series) {
+    archive.write(std::string(name) + ".x", to_tensor(s->x));
+    archive.write(std::string(name) + ".y", to_tensor(s->y));
+  }
+  const std::string tmp = path + ".tmp";
+  archive.save_to(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    TORCH_CHECK(false, "vit_fashion_mnist: cannot rename ", tmp, " to ", path);
+  }
+}
+
+// Restores a checkpoint into the model, the optimizer, the board and the
+// default generator; returns the epochs it holds. The loader's shuffles are
+// replayed by the caller.
+int64_t load_checkpoint(const std::string& path, const torch::Tensor& recipe, double& val_acc,
+                        Board& board, d2l::v1::ViT& model, torch::optim::Optimizer& optim) {
+  torch::serialize::InputArchive archive, model_archive, optim_archive;
+  archive.load_from(path);
+  const auto saved = read_tensor(archive, "recipe", path);
+  if (!saved.sizes().equals(recipe.sizes()) || !torch::equal(saved, recipe)) {
+    TORCH_CHECK(false, "vit_fashion_mnist: checkpoint ", path,
+                " was written by another recipe: (", kRecipeNames, ") = ",
+                fmt::format("{}", fmt::join(to_vector(saved), ", ")), " there, ",
+                fmt::format("{}", fmt::join(to_vector(recipe), ", ")),
+                " here; remove the file or run with its recipe");
+  }
+  TORCH_CHECK(archive.try_read("model", model_archive) &&
+                  archive.try_read("optimizer", optim_archive),
+              "vit_fashion_mnist: checkpoint ", path, " has no model or optimizer");
+  model->load(model_archive);
+  optim.load(optim_archive);
+  val_acc = read_tensor(archive, "val_acc", path).item<double>();
+  std::pair<const char*, d2l::Series*> series[] = {
+      {"train_loss", &board.train_loss}, {"val_loss", &board.val_loss},
+      {"val_acc_curve", &board.val_acc}};
+  for (auto& [name, s] : series) {
+    s->x = to_vector(read_tensor(archive, std::string(name) + ".x", path));
+    s->y = to_vector(read_tensor(archive, std::string(name) + ".y", path));
+  }
+  at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the state
+  generator.set_state(read_tensor(archive, "rng", path));
+  return read_tensor(archive, "epochs_done", path).item<int64_t>();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -155,7 +259,18 @@ int main(int argc, char** argv) try {
   double val_acc = 0;
   auto train_loader = data.train_dataloader();
   const int64_t num_batches = train_loader.size();
-  for (int64_t epoch = 0; epoch < args.epochs; ++epoch) {
+  const auto recipe = recipe_of(args, *data.train.size(), *data.val.size());
+  int64_t first_epoch = 0;
+  if (!args.checkpoint.empty() && std::ifstream(args.checkpoint).good()) {
+    first_epoch = load_checkpoint(args.checkpoint, recipe, val_acc, board, model, optim);
+    // The shuffles of the epochs done, drawn again from the loader's own
+    // generator, so that the next epoch gets the permutation it would have.
+    for (int64_t e = 0; e < first_epoch; ++e) train_loader.begin();
+    fmt::print("resumed from {} after epoch {} (val_acc {:.4f})\n", args.checkpoint,
+               first_epoch, val_acc);
+    std::fflush(stdout);
+  }
+  for (int64_t epoch = first_epoch; epoch < args.epochs; ++epoch) {
     const auto start = Clock::now();
     Phases phases;
     model->train();
@@ -224,10 +339,13 @@ int main(int argc, char** argv) try {
                seen / train_seconds);
     if (args.profile) fmt::print("{}\n", phases.line(total));
     if (!args.svg.empty()) board.save(args.svg, args.epochs);
+    if (!args.checkpoint.empty()) {
+      save_checkpoint(args.checkpoint, recipe, epoch + 1, val_acc, board, model, optim);
+    }
     std::fflush(stdout);
   }
   fmt::print("final val_acc {:.4f}\n", val_acc);
-  fmt::print("{} epochs in {:.1f} s\n", args.epochs, seconds_since(t0));
+  fmt::print("{} epochs in {:.1f} s\n", args.epochs - first_epoch, seconds_since(t0));
   if (!args.svg.empty()) fmt::print("wrote {}\n", args.svg);
   return 0;
 } catch (const c10::Error& e) {
