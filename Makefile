@@ -219,11 +219,18 @@ fra-eng:
 	  exit 1; \
 	fi
 
+# The dtype `make bahdanau` and `make transformer` train in: float32, or
+# bfloat16 with float32 master weights (make transformer DTYPE=bfloat16);
+# other dtypes than float32 write into <target>-<dtype>/.
+DTYPE ?= float32
+DTYPE_SUFFIX = $(if $(filter-out float32,$(DTYPE)),-$(DTYPE))
+
 # The book's Bahdanau section on fra-eng (the book's recipe, 250 epochs):
 # loss, tokens/s, four translations with BLEU, loss curve and heatmap.
 bahdanau: configure fra-eng
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) --out $(BUILD_DIR)/bahdanau
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) \
+	  --dtype $(DTYPE) --out $(BUILD_DIR)/bahdanau$(DTYPE_SUFFIX)
 
 # The book's Transformer section (its recipe, 200 epochs) on the fra-eng
 # sample in tests/data, or on d2l's fra-eng.zip once `make fra-eng` has
@@ -232,7 +239,8 @@ bahdanau: configure fra-eng
 transformer: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --model transformer \
-	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --out $(BUILD_DIR)/transformer
+	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --dtype $(DTYPE) \
+	  --out $(BUILD_DIR)/transformer$(DTYPE_SUFFIX)
 
 # One line per ctest log: its count, failures and skips; then their total.
 define ctest_summary
