@@ -46,7 +46,8 @@ TORCH_MODULE(MaskedSoftmaxCELoss);
 /// max_norm / (norm + 1e-6) whenever that is below 1: on the golden training
 /// fixture its steps differ from the book's by 4e-9 (loss) and 1e-8
 /// (parameters) after four steps, where the book's own loop is reproduced to
-/// 1e-10. The norm is accumulated in float64.
+/// 1e-10. The norm is accumulated in float64; bfloat16 and float16 gradients
+/// are squared and summed in float32 first.
 void grad_clipping(torch::nn::Module& net, double theta);
 
 /// One optimisation step of `train_seq2seq`, as `TrainSeq2SeqOptions::on_step`
