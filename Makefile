@@ -232,11 +232,18 @@ fashion-mnist:
 	@ls -l $(foreach split,train t10k,$(foreach file,images-idx3 labels-idx1,\
 	  $(FASHION_MNIST_DIR)/$(split)-$(file)-ubyte.gz))
 
+# The dtype `make bahdanau` and `make transformer` train in: float32, or
+# bfloat16 with float32 master weights (make transformer DTYPE=bfloat16);
+# other dtypes than float32 write into <target>-<dtype>/.
+DTYPE ?= float32
+DTYPE_SUFFIX = $(if $(filter-out float32,$(DTYPE)),-$(DTYPE))
+
 # The book's Bahdanau section on fra-eng (the book's recipe, 250 epochs):
 # loss, tokens/s, four translations with BLEU, loss curve and heatmap.
 bahdanau: configure fra-eng
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) --out $(BUILD_DIR)/bahdanau
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --data $(FRA_ENG_ZIP) \
+	  --dtype $(DTYPE) --out $(BUILD_DIR)/bahdanau$(DTYPE_SUFFIX)
 
 # The book's Transformer section (its recipe, 200 epochs) on the fra-eng
 # sample in tests/data, or on d2l's fra-eng.zip once `make fra-eng` has
@@ -245,7 +252,8 @@ bahdanau: configure fra-eng
 transformer: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bahdanau_fra_eng
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} $(BUILD_DIR)/examples/bahdanau_fra_eng --model transformer \
-	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --out $(BUILD_DIR)/transformer
+	  $(if $(wildcard $(FRA_ENG_ZIP)),--data $(FRA_ENG_ZIP)) --dtype $(DTYPE) \
+	  --out $(BUILD_DIR)/transformer$(DTYPE_SUFFIX)
 
 # The book's Vision Transformer section: its recipe on all of Fashion-MNIST,
 # 10 epochs on 2 threads (hours on 2 cores): progress, the final validation

@@ -6,7 +6,8 @@
 // 200 epochs.
 //
 //   bahdanau_fra_eng [--model bahdanau|transformer] [--data PATH] [--out DIR] [--epochs N]
-//                    [--threads N] [--device cpu|cuda]
+//                    [--threads N] [--device cpu|cuda] [--dtype float32|bfloat16]
+//                    [--no-master-weights]
 //                    [--batch-size N] [--num-hiddens N] [--save FILE] [--spawn N | --world-size N
 //                    --rank R
 //                    (--master ADDR:PORT | --file-store PATH)] [--dist-timeout SECONDS]
@@ -21,6 +22,11 @@
 // encoder_attention.svg, decoder_self_attention.svg and
 // decoder_attention.svg (encoder-decoder), with the tokens as tick labels. --save writes the trained
 // model (torch::save of its parameters, written whole or not at all).
+//
+// --dtype bfloat16 trains in bfloat16 (TrainSeq2SeqOptions::dtype): the
+// net's weights, activations and gradients, with float32 master weights that
+// Adam updates, and translates with those; --no-master-weights lets Adam
+// update the bfloat16 weights themselves, and translates in bfloat16.
 //
 // Data-parallel (with d2l::distributed): `--spawn N` starts N processes on
 // this machine over loopback; on several machines start one process per rank
@@ -47,6 +53,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -69,6 +76,8 @@ struct Args {
   int64_t epochs = 0;
   int threads = 0;
   torch::Device device = torch::kCPU;
+  std::optional<torch::Dtype> dtype;  // unset: float32, as the net is built
+  bool master_weights = true;
   std::string save, load, expect;
   int64_t batch_size = kBatchSize, num_hiddens = kNumHiddens;
 #ifdef D2L_HAVE_DISTRIBUTED
@@ -97,7 +106,8 @@ Args parse(int argc, char** argv) {
     std::exit(2);
   }
 #endif
-  std::string device = "cpu";
+  std::string device = "cpu", dtype = "float32";
+  bool no_master_weights = false;
   CLI::App app(
       "The book's Bahdanau attention section on fra-eng (its recipe: 250 epochs, 600 examples): "
       "loss, tokens/s, four translations with BLEU, the loss curve and an attention heatmap. "
@@ -119,6 +129,12 @@ Args parse(int argc, char** argv) {
   app.add_option("--device", device, "cpu or cuda")
       ->check(examples::kDevice)
       ->capture_default_str();
+  app.add_option("--dtype", dtype,
+                 "the dtype of training: float32, or bfloat16 (with float32 master weights)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
+  app.add_flag("--no-master-weights", no_master_weights,
+               "with --dtype bfloat16: Adam updates the bfloat16 weights themselves");
   app.add_option("--batch-size", args.batch_size, "examples a batch")
       ->check(examples::kCount)
       ->capture_default_str();
@@ -149,6 +165,8 @@ Args parse(int argc, char** argv) {
     std::exit(app.exit(e));
   }
   args.device = torch::Device(device);
+  if (dtype == "bfloat16") args.dtype = torch::kBFloat16;
+  args.master_weights = !no_master_weights;
   const bool transformer = args.model == "transformer";
   if (args.out.empty()) args.out = args.model + "_out";
   if (args.epochs == 0) args.epochs = transformer ? kTransformerEpochs : kNumEpochs;
@@ -291,9 +309,12 @@ int run(const Args& args) {
   if (leader) std::filesystem::create_directories(args.out);
   auto data = d2l::load_data_nmt(args.data, args.batch_size, kNumSteps, kNumExamples);
   if (leader) {
-    fmt::print("{}: {} examples, vocabularies of {} and {} tokens; {} threads, device {}\n",
+    fmt::print("{}: {} examples, vocabularies of {} and {} tokens; {} threads, device {}{}\n",
                args.data, data.data_iter.num_examples(), data.src_vocab.size(),
-               data.tgt_vocab.size(), torch::get_num_threads(), args.device.str());
+               data.tgt_vocab.size(), torch::get_num_threads(), args.device.str(),
+               !args.dtype           ? ""
+               : args.master_weights ? ", bfloat16 with float32 master weights"
+                                     : ", bfloat16 weights");
   }
 
   auto net = make_net(args, data.src_vocab.size(), data.tgt_vocab.size());
@@ -303,8 +324,10 @@ int run(const Args& args) {
     if (leader) fmt::print("loaded {} (no training)\n", args.load);
   } else {
     const auto loss_svg = (args.out / "loss.svg").string();
-    const auto train_options =
-        d2l::TrainSeq2SeqOptions().on_epoch(d2l::save_loss_curve(loss_svg));
+    const auto train_options = d2l::TrainSeq2SeqOptions()
+                                   .on_epoch(d2l::save_loss_curve(loss_svg))
+                                   .dtype(args.dtype)
+                                   .master_weights(args.master_weights);
     d2l::TrainSeq2SeqResult trained;
 #ifdef D2L_HAVE_DISTRIBUTED
     if (group) {

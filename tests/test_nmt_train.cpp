@@ -1,7 +1,8 @@
 // The training side of d2l's sequence-to-sequence sections: the masked loss
 // and BLEU against the book's published numbers, gradient clipping, greedy
 // prediction with attention weights, and a few steps of train_seq2seq on the
-// shipped fra-eng sample (its loss curve: test_loss_curve.cpp).
+// shipped fra-eng sample (its loss curve: test_loss_curve.cpp), in float32
+// and in bfloat16.
 
 #include <d2l/attention.h>
 #include <d2l/train.h>
@@ -10,7 +11,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "test_utils.h"
 
@@ -162,6 +165,110 @@ TEST(TrainSeq2Seq, AFewEpochsOnTheSampleLowerTheLoss) {
                                    data.tgt_vocab, torch::kCPU);
               }),
               HasSubstr("d2l::train_seq2seq: net is an empty EncoderDecoder holder"));
+}
+
+// The book's Transformer, small, on a slice of the sample.
+d2l::EncoderDecoder tiny_transformer(const d2l::Vocab& src, const d2l::Vocab& tgt) {
+  return d2l::EncoderDecoder(
+      d2l::TransformerEncoder(src.size(), 16, 16, 16, 16, {16}, 16, 32, 2, 2, 0.1),
+      d2l::TransformerDecoder(tgt.size(), 16, 16, 16, 16, {16}, 16, 32, 2, 2, 0.1));
+}
+
+struct DtypeRun {
+  d2l::TrainSeq2SeqResult result;
+  std::set<torch::Dtype> while_training, after;
+  bool finite = true;
+  // Whether some weight holds more than bfloat16's 8 bits.
+  bool wider_than_bfloat16 = false;
+};
+
+DtypeRun train_tiny_transformer(const d2l::TrainSeq2SeqOptions& options, int64_t epochs) {
+  torch::manual_seed(0);
+  auto data = d2l::load_data_nmt(kTrainSample, 16, 6, 96);
+  auto net = tiny_transformer(data.src_vocab, data.tgt_vocab);
+  DtypeRun run;
+  auto seen = options;
+  seen.on_step([&](const d2l::StepStats&) {
+    for (const auto& p : net->parameters()) run.while_training.insert(p.scalar_type());
+  });
+  run.result =
+      d2l::train_seq2seq(net, data.data_iter, 0.005, epochs, data.tgt_vocab, torch::kCPU, seen);
+  for (const auto& p : net->parameters()) {
+    run.after.insert(p.scalar_type());
+    run.finite = run.finite && torch::isfinite(p).all().item<bool>();
+    run.wider_than_bfloat16 =
+        run.wider_than_bfloat16 || !torch::equal(p, p.to(torch::kBFloat16).to(p.scalar_type()));
+  }
+  return run;
+}
+
+using Dtypes = std::set<torch::Dtype>;
+
+// From the same seed, bfloat16 follows float32's loss (the same Xavier draw
+// and batches; dropout masks drawn alike).
+TEST(TrainSeq2SeqBFloat16, MixedPrecisionLowersTheLossAndEndsOnTheMasterWeights) {
+  const auto run = train_tiny_transformer(
+      d2l::TrainSeq2SeqOptions().on_step(nullptr).dtype(torch::kBFloat16), 5);
+  EXPECT_EQ(run.while_training, Dtypes{torch::kBFloat16});
+  EXPECT_EQ(run.after, Dtypes{torch::kFloat});
+  EXPECT_TRUE(run.finite);
+  EXPECT_TRUE(run.wider_than_bfloat16);
+  ASSERT_EQ(run.result.losses.size(), 5u);
+  for (double l : run.result.step_losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_LT(run.result.losses.back(), 0.8 * run.result.losses.front());
+  const auto float32 = train_tiny_transformer(d2l::TrainSeq2SeqOptions().on_step(nullptr), 5);
+  EXPECT_NEAR(run.result.losses.back(), float32.result.losses.back(),
+              0.05 * float32.result.losses.back());
+}
+
+TEST(TrainSeq2SeqBFloat16, WithoutMasterWeightsTheNetStaysBFloat16) {
+  const auto run = train_tiny_transformer(
+      d2l::TrainSeq2SeqOptions().on_step(nullptr).dtype(torch::kBFloat16).master_weights(false), 5);
+  EXPECT_EQ(run.while_training, Dtypes{torch::kBFloat16});
+  EXPECT_EQ(run.after, Dtypes{torch::kBFloat16});
+  EXPECT_TRUE(run.finite);
+  EXPECT_LT(run.result.losses.back(), 0.8 * run.result.losses.front());
+}
+
+TEST(TrainSeq2SeqBFloat16, Float64StaysAndUnsetKeepsTheNetsDtype) {
+  const auto wide =
+      train_tiny_transformer(d2l::TrainSeq2SeqOptions().on_step(nullptr).dtype(torch::kDouble), 1);
+  EXPECT_EQ(wide.while_training, Dtypes{torch::kDouble});
+  EXPECT_EQ(wide.after, Dtypes{torch::kDouble});
+  const auto as_built = train_tiny_transformer(d2l::TrainSeq2SeqOptions().on_step(nullptr), 1);
+  EXPECT_EQ(as_built.while_training, Dtypes{torch::kFloat});
+  EXPECT_EQ(as_built.after, Dtypes{torch::kFloat});
+}
+
+// An exception from a callback ends the training; the net still gets its
+// float32 master weights.
+TEST(TrainSeq2SeqBFloat16, AnExceptionLeavesTheMasterWeights) {
+  torch::manual_seed(0);
+  auto data = d2l::load_data_nmt(kTrainSample, 16, 6, 48);
+  auto net = tiny_transformer(data.src_vocab, data.tgt_vocab);
+  const auto stop = [](const d2l::StepStats& s) {
+    if (s.batch == 2) throw std::runtime_error("stop");
+  };
+  EXPECT_THROW(d2l::train_seq2seq(net, data.data_iter, 0.005, 3, data.tgt_vocab, torch::kCPU,
+                                  d2l::TrainSeq2SeqOptions().on_step(stop).dtype(torch::kBFloat16)),
+               std::runtime_error);
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
+}
+
+TEST(TrainSeq2SeqBFloat16, DtypesItCannotTrainIn) {
+  auto data = d2l::load_data_nmt(kTrainSample, 8, 6, 16);
+  auto net = tiny_transformer(data.src_vocab, data.tgt_vocab);
+  const auto train = [&](torch::Dtype dtype) {
+    d2l::train_seq2seq(net, data.data_iter, 0.005, 1, data.tgt_vocab, torch::kCPU,
+                       d2l::TrainSeq2SeqOptions().on_step(nullptr).dtype(dtype));
+  };
+  EXPECT_THAT(error_message([&] { train(torch::kHalf); }),
+              HasSubstr("d2l::train_seq2seq: dtype must be float32, float64 or bfloat16, got Half "
+                        "(float16 needs loss scaling, which this loop does not do)"));
+  EXPECT_THAT(
+      error_message([&] { train(torch::kLong); }),
+      HasSubstr("d2l::train_seq2seq: dtype must be float32, float64 or bfloat16, got Long"));
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +46,8 @@ TORCH_MODULE(MaskedSoftmaxCELoss);
 /// max_norm / (norm + 1e-6) whenever that is below 1: on the golden training
 /// fixture its steps differ from the book's by 4e-9 (loss) and 1e-8
 /// (parameters) after four steps, where the book's own loop is reproduced to
-/// 1e-10. The norm is accumulated in float64.
+/// 1e-10. The norm is accumulated in float64; bfloat16 and float16 gradients
+/// are squared and summed in float32 first.
 void grad_clipping(torch::nn::Module& net, double theta);
 
 /// One optimisation step of `train_seq2seq`, as `TrainSeq2SeqOptions::on_step`
@@ -84,15 +86,34 @@ using EpochCallback = std::function<void(const EpochStats&)>;
 /// starts).
 StepCallback terminal_progress();
 
-/// What `train_seq2seq` shows besides the book's printed line. The callbacks
-/// run on the calling thread, between steps; in d2l::distributed, on rank 0
-/// only. An exception from one ends the training and propagates.
+/// What `train_seq2seq` shows besides the book's printed line, and the dtype
+/// it trains in. The callbacks run on the calling thread, between steps; in
+/// d2l::distributed, on rank 0 only. An exception from one ends the training
+/// and propagates.
 struct TrainSeq2SeqOptions {
   /// Called after every optimisation step; nullptr: nothing.
   TORCH_ARG(StepCallback, on_step) = terminal_progress();
   /// Called after every epoch; nullptr: nothing. d2l::viz's
   /// `save_loss_curve(path)` draws the book's animator curve as SVG.
   TORCH_ARG(EpochCallback, on_epoch) = nullptr;
+  /// The dtype of the forward and backward passes: the net's parameters,
+  /// activations and gradients while it trains. Unset: the net's own, as
+  /// built (float32) or converted by the caller. torch::kFloat32 or
+  /// torch::kFloat64: the net is converted and trains, and stays, in it.
+  /// torch::kBFloat16: bfloat16 as `master_weights` says, with the logits
+  /// widened to float32 for the loss. Other dtypes throw c10::Error (float16
+  /// would need loss scaling, which this loop does not do).
+  TORCH_ARG(std::optional<torch::Dtype>, dtype) = std::nullopt;
+  /// With dtype bfloat16: true (mixed precision, the default) keeps float32
+  /// master weights: the gradients are widened to them, clipped and given to
+  /// Adam (whose state is float32 too) there, and the net's bfloat16
+  /// parameters are the master weights rounded after every step; the net
+  /// ends in float32 holding the master weights (also when an exception ends
+  /// the training). false: the clipping and Adam work on the bfloat16
+  /// parameters themselves, which the net keeps; an update below half a
+  /// bfloat16 step of its weight (2^-9 of it) is lost. Ignored for other
+  /// dtypes.
+  TORCH_ARG(bool, master_weights) = true;
 };
 
 /// What the book prints at the end of `train_seq2seq`, and every epoch's loss.
@@ -113,8 +134,9 @@ struct TrainSeq2SeqResult {
 
 /// The book's `train_seq2seq(net, data_iter, lr, num_epochs, tgt_vocab,
 /// device)`: Xavier-uniform weights of every Linear and GRU, Adam at `lr`,
-/// teacher forcing with `<bos>`, `MaskedSoftmaxCELoss`, `grad_clipping(net, 1)`.
-/// Batches of `data_iter` are (X, X_valid_len, Y, Y_valid_len).
+/// teacher forcing with `<bos>`, `MaskedSoftmaxCELoss`, `grad_clipping(net, 1)`,
+/// in the dtype `options.dtype()` names (bfloat16 with float32 master weights,
+/// say). Batches of `data_iter` are (X, X_valid_len, Y, Y_valid_len).
 TrainSeq2SeqResult train_seq2seq(EncoderDecoderImpl& net, ArrayLoader& data_iter, double lr,
                                  int64_t num_epochs, const Vocab& tgt_vocab, torch::Device device,
                                  const TrainSeq2SeqOptions& options = {});

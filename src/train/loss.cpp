@@ -10,6 +10,8 @@
 #include <cmath>
 #include <ostream>
 
+#include "train_internal.h"
+
 namespace d2l {
 
 namespace {
@@ -56,21 +58,33 @@ void MaskedSoftmaxCELossImpl::pretty_print(std::ostream& stream) const {
   stream << "d2l::MaskedSoftmaxCELoss()";
 }
 
-// Not torch::nn::utils::clip_grad_norm_: see the header.
-void grad_clipping(torch::nn::Module& net, double theta) {
+namespace detail {
+
+void clip_gradients(const std::vector<torch::Tensor>& params, double theta) {
   TORCH_CHECK(theta > 0, fmt::format("d2l::grad_clipping: theta must be positive, got {}", theta));
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
-  for (const auto& p : net.parameters()) {
+  for (const auto& p : params) {
     if (p.requires_grad() && p.grad().defined()) grads.push_back(p.grad());
   }
   if (grads.empty()) return;
   auto norm = torch::zeros({}, grads.front().options().dtype(torch::kDouble));
-  for (const auto& g : grads) norm += g.pow(2).sum().to(torch::kDouble);
+  for (const auto& g : grads) {
+    // A bfloat16 sum keeps 8 bits: square and add in float32.
+    const bool reduced = g.scalar_type() == torch::kBFloat16 || g.scalar_type() == torch::kHalf;
+    norm += (reduced ? g.to(torch::kFloat) : g).pow(2).sum().to(torch::kDouble);
+  }
   const double value = std::sqrt(norm.item<double>());
   if (value > theta) {
     for (auto& g : grads) g.mul_(theta / value);
   }
+}
+
+}  // namespace detail
+
+// Not torch::nn::utils::clip_grad_norm_: see the header.
+void grad_clipping(torch::nn::Module& net, double theta) {
+  detail::clip_gradients(net.parameters(), theta);
 }
 
 }  // namespace d2l

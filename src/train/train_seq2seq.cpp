@@ -10,6 +10,8 @@
 
 #include <chrono>
 
+#include "train_internal.h"
+
 namespace d2l {
 
 namespace {
@@ -33,6 +35,7 @@ void xavier_init_weights(torch::nn::Module& net) {
 std::pair<double, double> train_step(EncoderDecoderImpl& net,
                                      const std::vector<torch::Tensor>& batch, int64_t bos,
                                      torch::Device device, MaskedSoftmaxCELoss& loss,
+                                     const detail::TrainPrecision& precision,
                                      TrainSeq2SeqSync* sync) {
   const int64_t rank = sync ? sync->rank() : 0, world_size = sync ? sync->world_size() : 1;
   const int64_t batch_size = batch[0].size(0);
@@ -47,7 +50,7 @@ std::pair<double, double> train_step(EncoderDecoderImpl& net,
     const auto bos_column = torch::full({Y.size(0), 1}, bos, Y.options());
     const auto dec_input = torch::cat({bos_column, Y.slice(1, 0, -1)}, 1);
     const auto Y_hat = std::get<0>(net.forward(X, dec_input, X_valid_len));
-    const auto l = loss(Y_hat, Y, Y_valid_len).sum();
+    const auto l = loss(precision.loss_input(Y_hat), Y, Y_valid_len).sum();
     l.backward();
     step_loss = l.item<double>();
     step_tokens = Y_valid_len.sum().item<double>();
@@ -73,6 +76,7 @@ TrainSeq2SeqResult train_loop(EncoderDecoderImpl& net, ArrayLoader& data_iter, d
   TORCH_CHECK(data_iter.arrays().size() == 4,
               fmt::format("{}: data_iter must hold (X, X_valid_len, Y, Y_valid_len), got {} arrays",
                           fn, data_iter.arrays().size()));
+  detail::check_train_dtype(options, fn);
   const int64_t bos = tgt_vocab["<bos>"];
   TORCH_CHECK(bos != Vocab::unk(), fmt::format("{}: tgt_vocab has no <bos>", fn));
   const int64_t world_size = sync ? sync->world_size() : 1;
@@ -80,7 +84,8 @@ TrainSeq2SeqResult train_loop(EncoderDecoderImpl& net, ArrayLoader& data_iter, d
   xavier_init_weights(net);
   net.to(device);
   if (sync) sync->after_init(net);
-  torch::optim::Adam optimizer(net.parameters(), torch::optim::AdamOptions(lr));
+  detail::TrainPrecision precision(net, options, fn);
+  torch::optim::Adam optimizer(precision.optimized(), torch::optim::AdamOptions(lr));
   MaskedSoftmaxCELoss loss;
   net.train();
   const auto& on_step = options.on_step();
@@ -92,9 +97,12 @@ TrainSeq2SeqResult train_loop(EncoderDecoderImpl& net, ArrayLoader& data_iter, d
     const auto batches = data_iter.epoch();
     for (size_t b = 0; b < batches.size(); ++b) {
       optimizer.zero_grad();
-      const auto [step_loss, step_tokens] = train_step(net, batches[b], bos, device, loss, sync);
-      grad_clipping(net, 1);
+      const auto [step_loss, step_tokens] =
+          train_step(net, batches[b], bos, device, loss, precision, sync);
+      precision.gradients_to_master();
+      detail::clip_gradients(precision.optimized(), 1);
       optimizer.step();
+      precision.master_to_model();
       loss_sum += step_loss;
       num_tokens += step_tokens;
       num_examples += static_cast<double>(batches[b][0].size(0));
@@ -128,6 +136,7 @@ TrainSeq2SeqResult train_loop(EncoderDecoderImpl& net, ArrayLoader& data_iter, d
       on_epoch(stats);
     }
   }
+  precision.finish();
   if (leader) {
     fmt::print("loss {:.3f}, {:.1f} tokens/sec on {}{}\n", result.loss, result.tokens_per_sec,
                device.str(), world_size > 1 ? fmt::format(", {} processes", world_size) : "");
