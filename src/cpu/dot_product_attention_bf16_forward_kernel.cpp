@@ -1,0 +1,256 @@
+// The bfloat16 flash kernel's forward pass on the CPU: blocks of queries
+// against blocks of keys with an online softmax, the products in VDPBF16PS
+// on bfloat16 pairs and everything else in float. Note [bfloat16 flash
+// attention] in dot_product_attention_bf16_kernel.cpp. Compiled once, for
+// AVX-512 with AVX512-BF16 (src/CMakeLists.txt).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cpu/dot_product_attention_bf16_kernel_parts.h"
+#include "cpu/flash_blocks-inl.h"
+#include "cpu/flash_bf16-inl.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using BF16 = c10::BFloat16;
+using V = Vectorized<float>;
+
+// Queries of a block: one register tile of columns, two vectors.
+constexpr int64_t W = kPairTile;
+
+struct Bf16ForwardArgs {
+  Dims s;
+  const BF16* q;
+  // K's rows in pairs of features, ldk = pairs_of(d) a row: the tensor
+  // itself where d is even, else a copy with a zero after each row.
+  const Pair* k;
+  int64_t ldk;
+  // V in pairs of consecutive keys, batch entry b's pair t of feature c at
+  // vp[(b · m2 + t) · dv + c], packed below each entry's longest length.
+  const Pair* vp;
+  int64_t m2;
+  RowLengths lens;
+  float scale;
+  BF16* out;
+  float* lse;
+  int64_t kb;  // the key block: even
+};
+
+// One thread's state for a block of W query rows, held transposed (a query
+// is a column), as the float kernel's Bf16ForwardScratch.
+struct Bf16ForwardScratch {
+  std::unique_ptr<Pair[]> qt;   // Qᵀ of the block in pairs of features (ldk × W)
+  std::unique_ptr<float[]> st;  // Sᵀ of one key block (kb × W)
+  std::unique_ptr<Pair[]> pt;   // Pᵀ in pairs of keys (kb / 2 × W)
+  std::unique_ptr<float[]> ot;  // Oᵀ accumulated (dv × W)
+  alignas(64) float limit[W];   // per query: its valid keys in the key block
+  alignas(64) float row_max[W], row_sum[W];
+  int64_t len[W];
+
+  explicit Bf16ForwardScratch(const Bf16ForwardArgs& a)
+      : qt(uninitialized_buffer<Pair>(a.ldk * W)),
+        st(uninitialized_buffer<float>(a.kb * W)),
+        pt(uninitialized_buffer<Pair>(a.kb / 2 * W)),
+        ot(uninitialized_buffer<float>(a.s.dv * W)) {}
+};
+
+// Qᵀ of rows [0, rows) of q in pairs of features: qt[c · W + w] holds query
+// w's features 2c and 2c + 1 (0 past d), and 0 for w >= rows.
+void pack_queries(const BF16* q, int64_t rows, int64_t d, int64_t ldk, Pair* qt) {
+  std::fill_n(qt, ldk * W, Pair{0});
+  for (int64_t w = 0; w < rows; ++w) {
+    const BF16* row = q + w * d;
+    for (int64_t c = 0; c < ldk; ++c) {
+      qt[c * W + w] = make_pair(row[2 * c], 2 * c + 1 < d ? row[2 * c + 1] : BF16(0.0f));
+    }
+  }
+}
+
+// Sᵀ = K Qᵀ for keys [j0, j0 + kc), the exponentials relative to each
+// query's running maximum, their sums, and Oᵀ += Vᵀ Pᵀ with Pᵀ rounded to
+// bfloat16 pairs of keys, Oᵀ rescaled where a maximum grew. The masking is
+// the float kernel's (attend_key_block): entries past a query's length are
+// -inf before the maximum and exactly 0 after the exponential.
+void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t j0, int64_t kc,
+                      bool all_valid) {
+  constexpr int64_t S = V::size();
+  const Dims& s = a.s;
+  float* st = w.st.get();
+  gemm_bf16(kc, 1, a.ldk, a.k + (b * s.m + j0) * a.ldk, a.ldk, w.qt.get(), W, 0, st, W, false);
+  const V minus_inf(-std::numeric_limits<float>::infinity()), vscale(a.scale);
+  V max0 = minus_inf, max1 = minus_inf;
+  if (all_valid) {
+    for (int64_t j = 0; j < kc; ++j) {
+      max0 = at::vec::maximum(max0, V::loadu(st + j * W));
+      max1 = at::vec::maximum(max1, V::loadu(st + j * W + S));
+    }
+  } else {
+    const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
+    for (int64_t j = 0; j < kc; ++j) {
+      const V key(static_cast<float>(j));
+      const V x0 = V::blendv(minus_inf, V::loadu(st + j * W), key < lim0);
+      const V x1 = V::blendv(minus_inf, V::loadu(st + j * W + S), key < lim1);
+      x0.store(st + j * W);
+      x1.store(st + j * W + S);
+      max0 = at::vec::maximum(max0, x0);
+      max1 = at::vec::maximum(max1, x1);
+    }
+  }
+  const V old0 = V::loadu(w.row_max), old1 = V::loadu(w.row_max + S);
+  const V new0 = at::vec::maximum(old0, max0 * vscale);
+  const V new1 = at::vec::maximum(old1, max1 * vscale);
+  const V zero(0.0f), one(1.0f);
+  const V shift0 = V::blendv(new0, zero, new0 == minus_inf);
+  const V shift1 = V::blendv(new1, zero, new1 == minus_inf);
+  const V corr0 = V::blendv(softmax_exp(old0 - shift0), one, old0 == new0);
+  const V corr1 = V::blendv(softmax_exp(old1 - shift1), one, old1 == new1);
+  const V neg0 = zero - shift0, neg1 = zero - shift1;
+  // Two keys at a time: their exponentials, for 2 × 16 queries, make the
+  // pairs of Pᵀ. A last, odd key is paired with a zero.
+  V sum0 = zero, sum1 = zero;
+  Pair* pt = w.pt.get();
+  for (int64_t j = 0; j < kc; j += 2) {
+    const bool second = j + 1 < kc;
+    const V p00 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W), vscale, neg0));
+    const V p01 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W + S), vscale, neg1));
+    const V p10 = second ? softmax_exp(at::vec::fmadd(V::loadu(st + (j + 1) * W), vscale, neg0))
+                         : zero;
+    const V p11 =
+        second ? softmax_exp(at::vec::fmadd(V::loadu(st + (j + 1) * W + S), vscale, neg1)) : zero;
+    sum0 = sum0 + p00 + p10;
+    sum1 = sum1 + p01 + p11;
+    _mm512_storeu_si512(pt + j / 2 * W, interleave_bf16(p00, p10));
+    _mm512_storeu_si512(pt + j / 2 * W + S, interleave_bf16(p01, p11));
+  }
+  at::vec::fmadd(V::loadu(w.row_sum), corr0, sum0).store(w.row_sum);
+  at::vec::fmadd(V::loadu(w.row_sum + S), corr1, sum1).store(w.row_sum + S);
+  new0.store(w.row_max);
+  new1.store(w.row_max + S);
+  float* ot = w.ot.get();
+  for (int64_t c = 0; c < s.dv; ++c) {
+    (V::loadu(ot + c * W) * corr0).store(ot + c * W);
+    (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
+  }
+  // Oᵀ += Vᵀ Pᵀ: V's pairs of keys read transposed, Pᵀ one tile of queries wide.
+  gemm_bf16<true>(s.dv, 1, pairs_of(kc), a.vp + (b * a.m2 + j0 / 2) * s.dv, s.dv, pt, W, 0, ot, W,
+                  true);
+}
+
+// Query rows [i0, i0 + rows) of batch entry b, rows <= W.
+void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t i0, int64_t rows) {
+  const Dims& s = a.s;
+  int64_t longest = 0, shortest = s.m;
+  for (int64_t c = 0; c < W; ++c) {
+    w.len[c] = c < rows ? a.lens.at(b * s.n + i0 + c, s.m) : 0;
+    longest = std::max(longest, w.len[c]);
+    if (c < rows) shortest = std::min(shortest, w.len[c]);
+  }
+  pack_queries(a.q + (b * s.n + i0) * s.d, rows, s.d, a.ldk, w.qt.get());
+  std::fill_n(w.ot.get(), s.dv * W, 0.0f);
+  std::fill_n(w.row_max, W, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.row_sum, W, 0.0f);
+  for (int64_t j0 = 0; j0 < longest; j0 += a.kb) {
+    const int64_t kc = std::min(a.kb, longest - j0);
+    const bool all_valid = rows == W && shortest - j0 >= kc;
+    for (int64_t c = 0; c < W; ++c) {
+      w.limit[c] = static_cast<float>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
+    }
+    attend_key_block(a, w, b, j0, kc, all_valid);
+  }
+  const float* ot = w.ot.get();
+  for (int64_t c = 0; c < rows; ++c) {
+    BF16* out = a.out + (b * s.n + i0 + c) * s.dv;
+    const bool empty = w.len[c] == 0;
+    const float inv = empty ? 0.0f : 1.0f / w.row_sum[c];
+    for (int64_t f = 0; f < s.dv; ++f) out[f] = BF16(ot[f * W + c] * inv);
+    a.lse[b * s.n + i0 + c] =
+        empty ? -std::numeric_limits<float>::infinity() : w.row_max[c] + std::log(w.row_sum[c]);
+  }
+}
+
+// Batch entry b's keys below `longest` packed as the products read them: V
+// in pairs of consecutive keys (the last one paired with a zero where
+// `longest` is odd: no key past it is read), and K's rows in pairs of
+// features where d is odd.
+void pack_keys(const BF16* k, const BF16* v, const Dims& s, int64_t b, int64_t longest,
+               int64_t m2, int64_t ldk, Pair* vp, Pair* kp) {
+  for (int64_t t = 0; t < pairs_of(longest); ++t) {
+    const BF16* first = v + (b * s.m + 2 * t) * s.dv;
+    pair_rows(first, 2 * t + 1 < longest ? first + s.dv : nullptr, s.dv, vp + (b * m2 + t) * s.dv,
+              s.dv);
+  }
+  if (kp == nullptr) return;
+  for (int64_t j = 0; j < longest; ++j) {
+    const BF16* row = k + (b * s.m + j) * s.d;
+    Pair* out = kp + (b * s.m + j) * ldk;
+    for (int64_t c = 0; c < ldk; ++c) {
+      out[c] = make_pair(row[2 * c], 2 * c + 1 < s.d ? row[2 * c + 1] : BF16(0.0f));
+    }
+  }
+}
+
+}  // namespace
+
+void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::TensorBase& k,
+                                        const at::TensorBase& v, const at::TensorBase& lens,
+                                        double scale, const at::TensorBase& out,
+                                        const at::TensorBase& lse) {
+  const Dims s = dims_of(q, v);
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  const int64_t blocks = div_up(s.n, W);
+  std::vector<int64_t> costs(s.B * blocks), batch_longest(s.B, 0);
+  for (int64_t t = 0; t < s.B * blocks; ++t) {
+    const int64_t b = t / blocks, i0 = t % blocks * W;
+    const int64_t rows = std::min(W, s.n - i0);
+    const int64_t longest = longest_length(row_lens, s, b, i0, rows);
+    batch_longest[b] = std::max(batch_longest[b], longest);
+    costs[t] = (rows * longest + W) * macs_to_grain(s);
+  }
+  const int64_t longest_any =
+      s.B == 0 ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
+  const int64_t ldk = pairs_of(s.d), m2 = pairs_of(s.m);
+  const auto* kd = static_cast<const BF16*>(k.data_ptr());
+  const auto* vd = static_cast<const BF16*>(v.data_ptr());
+  const auto vp = uninitialized_buffer<Pair>(s.B * m2 * s.dv);
+  const auto kp = s.d % 2 == 1 ? uninitialized_buffer<Pair>(s.B * s.m * ldk) : nullptr;
+  at::parallel_for(0, s.B, grain_for(s.m * (s.d + s.dv)), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      pack_keys(kd, vd, s, b, batch_longest[b], m2, ldk, vp.get(), kp.get());
+    }
+  });
+  const Bf16ForwardArgs args{s,
+                         static_cast<const BF16*>(q.data_ptr()),
+                         kp ? kp.get() : reinterpret_cast<const Pair*>(kd),
+                         ldk,
+                         vp.get(),
+                         m2,
+                         row_lens,
+                         static_cast<float>(scale),
+                         static_cast<BF16*>(out.data_ptr()),
+                         lse.data_ptr<float>(),
+                         bf16_key_block(longest_any, 2)};
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    std::optional<Bf16ForwardScratch> scratch;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / blocks, i0 = t % blocks * W;
+      if (!scratch) scratch.emplace(args);
+      forward_block(args, *scratch, b, i0, std::min(W, s.n - i0));
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu
