@@ -28,7 +28,10 @@ using BF16 = c10::BFloat16;
 using V = Vectorized<float>;
 
 constexpr int64_t W = kPairTile;
-static_assert(kQueryBlock % 2 == 0, "pairs of queries never straddle two query blocks");
+// The query rows of a block: 12 register tiles, and 48 pairs of queries for
+// the products that sum over them (dV and dK).
+constexpr int64_t kBf16QueryBlock = 96;
+static_assert(kBf16QueryBlock % 2 == 0, "pairs of queries never straddle two query blocks");
 
 struct Bf16BackwardArgs {
   Dims s;
@@ -50,16 +53,16 @@ struct Bf16BackwardArgs {
 };
 
 // One thread's buffers for a key block of kb keys against query blocks of
-// kQueryBlock rows; kbp = kb in whole tiles is the row length of P and dS.
+// kBf16QueryBlock rows; kbp = kb in whole tiles is the row length of P and dS.
 struct Bf16BackwardScratch {
   int64_t kbp;
   std::unique_ptr<Pair[]> kt, vt;  // Kᵀ, Vᵀ in pairs of features, panels of W keys
   std::unique_ptr<Pair[]> kk;      // K in pairs of keys (kb / 2 × ldq)
-  std::unique_ptr<float[]> p, dp;  // P, dP then dS (kQueryBlock × kbp)
-  std::unique_ptr<Pair[]> pq, dsq;  // P, dS in pairs of queries (kQueryBlock / 2 × kbp)
-  std::unique_ptr<Pair[]> dsk;      // dS in pairs of keys (kQueryBlock × kbp / 2)
+  std::unique_ptr<float[]> p, dp;  // S and dP (kBf16QueryBlock × kbp)
+  std::unique_ptr<Pair[]> pq, dsq;  // P, dS in pairs of queries (kBf16QueryBlock / 2 × kbp)
+  std::unique_ptr<Pair[]> dsk;      // dS in pairs of keys (kBf16QueryBlock × kbp / 2)
   std::unique_ptr<float[]> dk, dv;  // the key block's dK (kb × ldq) and dV (kb × ldv)
-  int64_t len[kQueryBlock];
+  int64_t len[kBf16QueryBlock];
   float* dq_entry = nullptr;  // where the current task adds to dQ (n × ldq floats)
 
   explicit Bf16BackwardScratch(const Bf16BackwardArgs& a)
@@ -67,66 +70,67 @@ struct Bf16BackwardScratch {
         kt(uninitialized_buffer<Pair>(a.ldk * kbp)),
         vt(uninitialized_buffer<Pair>(a.ldo * kbp)),
         kk(uninitialized_buffer<Pair>(a.kb / 2 * a.ldq)),
-        p(uninitialized_buffer<float>(kQueryBlock * kbp)),
-        dp(uninitialized_buffer<float>(kQueryBlock * kbp)),
-        pq(uninitialized_buffer<Pair>(kQueryBlock / 2 * kbp)),
-        dsq(uninitialized_buffer<Pair>(kQueryBlock / 2 * kbp)),
-        dsk(uninitialized_buffer<Pair>(kQueryBlock * kbp / 2)),
+        p(uninitialized_buffer<float>(kBf16QueryBlock * kbp)),
+        dp(uninitialized_buffer<float>(kBf16QueryBlock * kbp)),
+        pq(uninitialized_buffer<Pair>(kBf16QueryBlock / 2 * kbp)),
+        dsq(uninitialized_buffer<Pair>(kBf16QueryBlock / 2 * kbp)),
+        dsk(uninitialized_buffer<Pair>(kBf16QueryBlock * kbp / 2)),
         dk(uninitialized_buffer<float>(a.kb * a.ldq)),
         dv(uninitialized_buffer<float>(a.kb * a.ldv)) {}
 };
 
-// Rows [0, kc) of x (row stride `cols`) transposed into pairs of features,
-// in panels of W keys: key j's features 2c and 2c + 1 at
-// out[(j / W) · pairs · W + c · W + j % W], zeros past kc up to kbp.
-void pack_transposed_pairs(const BF16* x, int64_t kc, int64_t cols, int64_t kbp, Pair* out) {
-  const int64_t pairs = pairs_of(cols);
-  for (int64_t j = 0; j < kbp; ++j) {
-    Pair* panel = out + j / W * pairs * W + j % W;
-    for (int64_t c = 0; c < pairs; ++c) {
-      panel[c * W] = j >= kc ? Pair{0}
-                             : make_pair(x[j * cols + 2 * c],
-                                         2 * c + 1 < cols ? x[j * cols + 2 * c + 1] : BF16(0.0f));
+// One row's P = exp(scale · S - lse) and dS = scale · P ∘ (dP - D), for 32
+// keys from j: exactly 0 past its `valid` keys, whatever S and dP hold there.
+struct RowProbabilities {
+  const float *s, *dp;
+  int64_t valid;
+  float lse, delta;
+
+  void at(int64_t j, float scale, __m512 (&p)[2], __m512 (&ds)[2]) const {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = std::clamp<int64_t>(valid - j - 16 * h, 0, 16);
+      const auto lanes = static_cast<__mmask16>((1u << r) - 1);
+      const __m512 x = _mm512_loadu_ps(s + j + 16 * h);
+      p[h] = _mm512_maskz_mov_ps(
+          lanes, exp_bf16(_mm512_fmsub_ps(x, _mm512_set1_ps(scale), _mm512_set1_ps(lse))));
+      const __m512 g = _mm512_sub_ps(_mm512_loadu_ps(dp + j + 16 * h), _mm512_set1_ps(delta));
+      ds[h] = _mm512_maskz_mul_ps(lanes, _mm512_mul_ps(_mm512_set1_ps(scale), p[h]), g);
     }
   }
-}
+};
 
-// P = exp(scale · S - lse) and dS = scale · P ∘ (dP - D) for one row on its
-// `valid` keys, exactly 0 on the rest of the kbp (whatever dP holds there),
-// and the row's dS in pairs of keys.
-void probabilities_row(float* p, float* ds, Pair* dsk, int64_t valid, int64_t kbp, float scale,
-                       float lse, float delta) {
-  const V vscale(scale), vshift(-lse), vdelta(delta);
-  for (int64_t j = 0; j < kbp; j += 32) {
-    const auto lanes = [&](int64_t at) {
-      const int64_t r = std::clamp<int64_t>(valid - at, 0, 16);
-      return static_cast<__mmask16>((1u << r) - 1);
-    };
-    const __mmask16 m0 = lanes(j), m1 = lanes(j + 16);
-    const V p0 = _mm512_maskz_mov_ps(
-        m0, softmax_exp(at::vec::fmadd(V::loadu(p + j), vscale, vshift)));
-    const V p1 = _mm512_maskz_mov_ps(
-        m1, softmax_exp(at::vec::fmadd(V::loadu(p + j + 16), vscale, vshift)));
-    const V ds0 = _mm512_maskz_mov_ps(m0, vscale * p0 * (V::loadu(ds + j) - vdelta));
-    const V ds1 = _mm512_maskz_mov_ps(m1, vscale * p1 * (V::loadu(ds + j + 16) - vdelta));
-    p0.store(p + j);
-    p1.store(p + j + 16);
-    ds0.store(ds + j);
-    ds1.store(ds + j + 16);
-    _mm512_storeu_si512(dsk + j / 2, consecutive_bf16(ds0, ds1));
-  }
-}
-
-// Rows x[0:rows] (row stride kbp, float; `width` columns) in pairs of
-// consecutive rows, rounded to bfloat16: out[t · kbp + j] = (x[2t][j],
-// x[2t + 1][j]), the second 0 past `rows`.
-void pair_float_rows(const float* x, int64_t rows, int64_t width, int64_t kbp, Pair* out) {
+// P and dS of a block's rows, from S (in p) and dP (in dp), `width` keys,
+// written as the products read them: both in pairs of queries (two rows
+// interleaved, the second 0 past `rows`) for dV and dK, and dS in pairs of
+// keys (each row's own) for dQ. Two rows at a time, nothing written back in
+// float.
+void probabilities(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t row0, int64_t rows,
+                   int64_t j0, int64_t kc, int64_t width) {
+  const int64_t kbp = w.kbp;
+  const auto row = [&](int64_t r) {
+    return RowProbabilities{w.p.get() + r * kbp, w.dp.get() + r * kbp,
+                            std::clamp<int64_t>(w.len[r] - j0, 0, kc), a.lse[row0 + r],
+                            a.delta[row0 + r]};
+  };
   for (int64_t r = 0; r < rows; r += 2) {
-    const float* first = x + r * kbp;
-    const float* second = r + 1 < rows ? first + kbp : nullptr;
-    for (int64_t j = 0; j < width; j += 16) {
-      const __m512 y = second != nullptr ? _mm512_loadu_ps(second + j) : _mm512_setzero_ps();
-      _mm512_storeu_si512(out + r / 2 * kbp + j, interleave_bf16(_mm512_loadu_ps(first + j), y));
+    const RowProbabilities first = row(r);
+    // A missing second row: no valid key, so zeros.
+    const RowProbabilities second = r + 1 < rows ? row(r + 1) : RowProbabilities{first.s, first.dp, 0, 0, 0};
+    Pair* pq = w.pq.get() + r / 2 * kbp;
+    Pair* dsq = w.dsq.get() + r / 2 * kbp;
+    for (int64_t j = 0; j < width; j += 32) {
+      __m512 p0[2], ds0[2], p1[2], ds1[2];
+      first.at(j, a.scale, p0, ds0);
+      second.at(j, a.scale, p1, ds1);
+      for (int h = 0; h < 2; ++h) {
+        _mm512_storeu_si512(pq + j + 16 * h, interleave_bf16(p0[h], p1[h]));
+        _mm512_storeu_si512(dsq + j + 16 * h, interleave_bf16(ds0[h], ds1[h]));
+      }
+      _mm512_storeu_si512(w.dsk.get() + r * kbp / 2 + j / 2, consecutive_bf16(ds0[0], ds0[1]));
+      if (r + 1 < rows) {
+        _mm512_storeu_si512(w.dsk.get() + (r + 1) * kbp / 2 + j / 2,
+                            consecutive_bf16(ds1[0], ds1[1]));
+      }
     }
   }
 }
@@ -140,14 +144,7 @@ void backward_pair(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b,
   gemm_bf16(rows, tiles, a.ldk, a.q + row0 * a.ldk, a.ldk, w.kt.get(), W, a.ldk * W, p, kbp, false);
   gemm_bf16(rows, tiles, a.ldo, a.dout + row0 * a.ldo, a.ldo, w.vt.get(), W, a.ldo * W, dp, kbp,
             false);
-  const int64_t width = tiles * W;
-  for (int64_t r = 0; r < rows; ++r) {
-    probabilities_row(p + r * kbp, dp + r * kbp, w.dsk.get() + r * kbp / 2,
-                      std::clamp<int64_t>(w.len[r] - j0, 0, kc), width, a.scale, a.lse[row0 + r],
-                      a.delta[row0 + r]);
-  }
-  pair_float_rows(p, rows, width, kbp, w.pq.get());
-  pair_float_rows(dp, rows, width, kbp, w.dsq.get());
+  probabilities(a, w, row0, rows, j0, kc, tiles * W);
   const int64_t rows2 = pairs_of(rows), pair0 = b * a.n2 + i0 / 2;
   // dV += Pᵀ dO and dK += dSᵀ Q, reading the pairs of queries transposed.
   gemm_bf16<true>(kc, a.ldv / W, rows2, w.pq.get(), kbp, a.doq + pair0 * a.ldv, a.ldv, W,
@@ -164,31 +161,25 @@ void backward_block(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b
   const Dims& s = a.s;
   const BF16* k = a.k + (b * s.m + j0) * s.d;
   const BF16* v = a.v + (b * s.m + j0) * s.dv;
-  pack_transposed_pairs(k, kc, s.d, w.kbp, w.kt.get());
-  pack_transposed_pairs(v, kc, s.dv, w.kbp, w.vt.get());
+  transpose_pairs(k, kc, s.d, w.kbp, w.kt.get());
+  transpose_pairs(v, kc, s.dv, w.kbp, w.vt.get());
   for (int64_t t = 0; t < pairs_of(kc); ++t) {
     pair_rows(k + 2 * t * s.d, 2 * t + 1 < kc ? k + (2 * t + 1) * s.d : nullptr, s.d,
               w.kk.get() + t * a.ldq, a.ldq);
   }
   std::fill_n(w.dk.get(), kc * a.ldq, 0.0f);
   std::fill_n(w.dv.get(), kc * a.ldv, 0.0f);
-  const int64_t blocks = div_up(s.n, kQueryBlock);
+  const int64_t blocks = div_up(s.n, kBf16QueryBlock);
   for (int64_t qb = 0; qb < blocks; ++qb) {
-    const int64_t i0 = qb * kQueryBlock;
-    const int64_t rows = std::min(kQueryBlock, s.n - i0);
-    int64_t longest = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
-      longest = std::max(longest, w.len[r]);
-    }
+    const int64_t i0 = qb * kBf16QueryBlock;
+    const int64_t rows = std::min(kBf16QueryBlock, s.n - i0);
+    const int64_t longest = block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len);
     if (longest <= j0) continue;
     backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
   }
   for (int64_t j = 0; j < kc; ++j) {
-    BF16* dk = a.dk + (b * s.m + j0 + j) * s.d;
-    BF16* dv = a.dv + (b * s.m + j0 + j) * s.dv;
-    for (int64_t c = 0; c < s.d; ++c) dk[c] = BF16(w.dk[j * a.ldq + c]);
-    for (int64_t c = 0; c < s.dv; ++c) dv[c] = BF16(w.dv[j * a.ldv + c]);
+    round_to_bf16(w.dk.get() + j * a.ldq, s.d, a.dk + (b * s.m + j0 + j) * s.d);
+    round_to_bf16(w.dv.get() + j * a.ldv, s.dv, a.dv + (b * s.m + j0 + j) * s.dv);
   }
 }
 
@@ -259,13 +250,7 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
         pair_rows(dod + i * s.dv, second ? dod + (i + 1) * s.dv : nullptr, s.dv,
                   doq.get() + (b * n2 + t) * ldv, ldv);
       }
-      for (int64_t i = r0; i < r0 + s.n; ++i) {
-        float sum = 0;
-        for (int64_t f = 0; f < s.dv; ++f) {
-          sum += static_cast<float>(dod[i * s.dv + f]) * static_cast<float>(od[i * s.dv + f]);
-        }
-        delta[i] = sum;
-      }
+      for (int64_t i = r0; i < r0 + s.n; ++i) delta[i] = dot_bf16(dod + i * s.dv, od + i * s.dv, s.dv);
       std::fill_n(dq_acc.get() + r0 * ldq, s.n * ldq, 0.0f);
       const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
       std::fill(dkd + from * s.d, dkd + to * s.d, BF16(0.0f));
@@ -276,13 +261,13 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
   std::vector<int64_t> task_b, task_j0, costs;
   for (int64_t b = 0; b < s.B; ++b) {
     std::vector<int64_t> block_longest;
-    for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
-      block_longest.push_back(longest_length(row_lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
+    for (int64_t i0 = 0; i0 < s.n; i0 += kBf16QueryBlock) {
+      block_longest.push_back(longest_length(row_lens, s, b, i0, std::min(kBf16QueryBlock, s.n - i0)));
     }
     for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
       int64_t cost = std::min(kb, batch_longest[b] - j0);
       for (const int64_t block : block_longest) {
-        cost += kQueryBlock * std::clamp<int64_t>(block - j0, 0, kb);
+        cost += kBf16QueryBlock * std::clamp<int64_t>(block - j0, 0, kb);
       }
       task_b.push_back(b);
       task_j0.push_back(j0);
@@ -334,9 +319,7 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
                [&](int64_t b) { return dq_acc.get() + b * share_size; });
   }
   at::parallel_for(0, s.B * s.n, grain_for(s.d), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      for (int64_t c = 0; c < s.d; ++c) dqd[i * s.d + c] = BF16(dq_acc[i * ldq + c]);
-    }
+    for (int64_t i = i0; i < i1; ++i) round_to_bf16(dq_acc.get() + i * ldq, s.d, dqd + i * s.d);
   });
 }
 

@@ -56,6 +56,7 @@ struct Bf16ForwardScratch {
   std::unique_ptr<float[]> st;  // Sᵀ of one key block (kb × W)
   std::unique_ptr<Pair[]> pt;   // Pᵀ in pairs of keys (kb / 2 × W)
   std::unique_ptr<float[]> ot;  // Oᵀ accumulated (dv × W)
+  std::unique_ptr<BF16[]> ob;   // Oᵀ, normalised and rounded (dv × W)
   alignas(64) float limit[W];   // per query: its valid keys in the key block
   alignas(64) float row_max[W], row_sum[W];
   int64_t len[W];
@@ -64,20 +65,9 @@ struct Bf16ForwardScratch {
       : qt(uninitialized_buffer<Pair>(a.ldk * W)),
         st(uninitialized_buffer<float>(a.kb * W)),
         pt(uninitialized_buffer<Pair>(a.kb / 2 * W)),
-        ot(uninitialized_buffer<float>(a.s.dv * W)) {}
+        ot(uninitialized_buffer<float>(a.s.dv * W)),
+        ob(uninitialized_buffer<BF16>(a.s.dv * W)) {}
 };
-
-// Qᵀ of rows [0, rows) of q in pairs of features: qt[c · W + w] holds query
-// w's features 2c and 2c + 1 (0 past d), and 0 for w >= rows.
-void pack_queries(const BF16* q, int64_t rows, int64_t d, int64_t ldk, Pair* qt) {
-  std::fill_n(qt, ldk * W, Pair{0});
-  for (int64_t w = 0; w < rows; ++w) {
-    const BF16* row = q + w * d;
-    for (int64_t c = 0; c < ldk; ++c) {
-      qt[c * W + w] = make_pair(row[2 * c], 2 * c + 1 < d ? row[2 * c + 1] : BF16(0.0f));
-    }
-  }
-}
 
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc), the exponentials relative to each
 // query's running maximum, their sums, and Oᵀ += Vᵀ Pᵀ with Pᵀ rounded to
@@ -90,33 +80,38 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
   const Dims& s = a.s;
   float* st = w.st.get();
   gemm_bf16(kc, 1, a.ldk, a.k + (b * s.m + j0) * a.ldk, a.ldk, w.qt.get(), W, 0, st, W, false);
-  const V minus_inf(-std::numeric_limits<float>::infinity()), vscale(a.scale);
-  V max0 = minus_inf, max1 = minus_inf;
+  // Maxima with max_ps, not at::vec::maximum: a NaN score makes its
+  // exponential NaN and so its row's sum, whether the maximum keeps it or not.
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 max0 = minus_inf, max1 = minus_inf;
   if (all_valid) {
     for (int64_t j = 0; j < kc; ++j) {
-      max0 = at::vec::maximum(max0, V::loadu(st + j * W));
-      max1 = at::vec::maximum(max1, V::loadu(st + j * W + S));
+      max0 = _mm512_max_ps(max0, _mm512_loadu_ps(st + j * W));
+      max1 = _mm512_max_ps(max1, _mm512_loadu_ps(st + j * W + S));
     }
   } else {
-    const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
+    const __m512 lim0 = _mm512_loadu_ps(w.limit), lim1 = _mm512_loadu_ps(w.limit + S);
     for (int64_t j = 0; j < kc; ++j) {
-      const V key(static_cast<float>(j));
-      const V x0 = V::blendv(minus_inf, V::loadu(st + j * W), key < lim0);
-      const V x1 = V::blendv(minus_inf, V::loadu(st + j * W + S), key < lim1);
-      x0.store(st + j * W);
-      x1.store(st + j * W + S);
-      max0 = at::vec::maximum(max0, x0);
-      max1 = at::vec::maximum(max1, x1);
+      const __m512 key = _mm512_set1_ps(static_cast<float>(j));
+      const __m512 x0 = _mm512_mask_loadu_ps(minus_inf, _mm512_cmp_ps_mask(key, lim0, _CMP_LT_OQ),
+                                             st + j * W);
+      const __m512 x1 = _mm512_mask_loadu_ps(minus_inf, _mm512_cmp_ps_mask(key, lim1, _CMP_LT_OQ),
+                                             st + j * W + S);
+      _mm512_storeu_ps(st + j * W, x0);
+      _mm512_storeu_ps(st + j * W + S, x1);
+      max0 = _mm512_max_ps(max0, x0);
+      max1 = _mm512_max_ps(max1, x1);
     }
   }
+  const V vscale(a.scale);
   const V old0 = V::loadu(w.row_max), old1 = V::loadu(w.row_max + S);
-  const V new0 = at::vec::maximum(old0, max0 * vscale);
-  const V new1 = at::vec::maximum(old1, max1 * vscale);
-  const V zero(0.0f), one(1.0f);
-  const V shift0 = V::blendv(new0, zero, new0 == minus_inf);
-  const V shift1 = V::blendv(new1, zero, new1 == minus_inf);
-  const V corr0 = V::blendv(softmax_exp(old0 - shift0), one, old0 == new0);
-  const V corr1 = V::blendv(softmax_exp(old1 - shift1), one, old1 == new1);
+  const V new0 = _mm512_max_ps(old0, _mm512_mul_ps(max0, vscale));
+  const V new1 = _mm512_max_ps(old1, _mm512_mul_ps(max1, vscale));
+  const V zero(0.0f), one(1.0f), vminus_inf(minus_inf);
+  const V shift0 = V::blendv(new0, zero, new0 == vminus_inf);
+  const V shift1 = V::blendv(new1, zero, new1 == vminus_inf);
+  const V corr0 = V::blendv(exp_bf16(old0 - shift0), one, old0 == new0);
+  const V corr1 = V::blendv(exp_bf16(old1 - shift1), one, old1 == new1);
   const V neg0 = zero - shift0, neg1 = zero - shift1;
   // Two keys at a time: their exponentials, for 2 × 16 queries, make the
   // pairs of Pᵀ. A last, odd key is paired with a zero.
@@ -124,12 +119,12 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
   Pair* pt = w.pt.get();
   for (int64_t j = 0; j < kc; j += 2) {
     const bool second = j + 1 < kc;
-    const V p00 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W), vscale, neg0));
-    const V p01 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W + S), vscale, neg1));
-    const V p10 = second ? softmax_exp(at::vec::fmadd(V::loadu(st + (j + 1) * W), vscale, neg0))
-                         : zero;
+    const V p00 = exp_bf16(at::vec::fmadd(V::loadu(st + j * W), vscale, neg0));
+    const V p01 = exp_bf16(at::vec::fmadd(V::loadu(st + j * W + S), vscale, neg1));
+    const V p10 =
+        second ? V(exp_bf16(at::vec::fmadd(V::loadu(st + (j + 1) * W), vscale, neg0))) : zero;
     const V p11 =
-        second ? softmax_exp(at::vec::fmadd(V::loadu(st + (j + 1) * W + S), vscale, neg1)) : zero;
+        second ? V(exp_bf16(at::vec::fmadd(V::loadu(st + (j + 1) * W + S), vscale, neg1))) : zero;
     sum0 = sum0 + p00 + p10;
     sum1 = sum1 + p01 + p11;
     _mm512_storeu_si512(pt + j / 2 * W, interleave_bf16(p00, p10));
@@ -152,13 +147,10 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
 // Query rows [i0, i0 + rows) of batch entry b, rows <= W.
 void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t i0, int64_t rows) {
   const Dims& s = a.s;
-  int64_t longest = 0, shortest = s.m;
-  for (int64_t c = 0; c < W; ++c) {
-    w.len[c] = c < rows ? a.lens.at(b * s.n + i0 + c, s.m) : 0;
-    longest = std::max(longest, w.len[c]);
-    if (c < rows) shortest = std::min(shortest, w.len[c]);
-  }
-  pack_queries(a.q + (b * s.n + i0) * s.d, rows, s.d, a.ldk, w.qt.get());
+  const int64_t longest = block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len);
+  std::fill(w.len + rows, w.len + W, 0);
+  const int64_t shortest = *std::min_element(w.len, w.len + rows);
+  transpose_pairs(a.q + (b * s.n + i0) * s.d, rows, s.d, W, w.qt.get());
   std::fill_n(w.ot.get(), s.dv * W, 0.0f);
   std::fill_n(w.row_max, W, -std::numeric_limits<float>::infinity());
   std::fill_n(w.row_sum, W, 0.0f);
@@ -170,14 +162,22 @@ void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, i
     }
     attend_key_block(a, w, b, j0, kc, all_valid);
   }
+  // Oᵀ divided by the sums and rounded a vector of queries at a time, then
+  // each query's row copied out of the transposed result.
+  alignas(64) float inv[W];
+  for (int64_t c = 0; c < W; ++c) inv[c] = w.len[c] == 0 ? 0.0f : 1.0f / w.row_sum[c];
+  const __m512 inv0 = _mm512_load_ps(inv), inv1 = _mm512_load_ps(inv + V::size());
   const float* ot = w.ot.get();
+  for (int64_t f = 0; f < s.dv; ++f) {
+    _mm512_storeu_si512(w.ob.get() + f * W,
+                        consecutive_bf16(_mm512_mul_ps(_mm512_loadu_ps(ot + f * W), inv0),
+                                         _mm512_mul_ps(_mm512_loadu_ps(ot + f * W + V::size()), inv1)));
+  }
   for (int64_t c = 0; c < rows; ++c) {
     BF16* out = a.out + (b * s.n + i0 + c) * s.dv;
-    const bool empty = w.len[c] == 0;
-    const float inv = empty ? 0.0f : 1.0f / w.row_sum[c];
-    for (int64_t f = 0; f < s.dv; ++f) out[f] = BF16(ot[f * W + c] * inv);
-    a.lse[b * s.n + i0 + c] =
-        empty ? -std::numeric_limits<float>::infinity() : w.row_max[c] + std::log(w.row_sum[c]);
+    for (int64_t f = 0; f < s.dv; ++f) out[f] = w.ob[f * W + c];
+    a.lse[b * s.n + i0 + c] = w.len[c] == 0 ? -std::numeric_limits<float>::infinity()
+                                            : w.row_max[c] + std::log(w.row_sum[c]);
   }
 }
 

@@ -24,6 +24,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/softmax_row-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 namespace {
@@ -35,8 +38,12 @@ using Pair = uint32_t;
 /// Columns of one register tile: two vectors of 16 lanes.
 constexpr int64_t kPairTile = 32;
 
-/// Rows of one register tile: 6 × 2 accumulators, as gemm_tile's.
-constexpr int64_t kPairTileRows = 6;
+/// Rows of one register tile: 8 × 2 accumulators. VDPBF16PS takes 6 cycles
+/// on Zen 5 and issues two a cycle, so 12 chains (gemm_tile's 6 × 2) reached
+/// 0.92 of its peak in a register-only loop and 16 reach it; 8 rows also
+/// divide the blocks (key blocks of 32 to 128, 48 queries, 64 features)
+/// with no spare rows.
+constexpr int64_t kPairTileRows = 8;
 
 constexpr int64_t round_up_to_pair_tile(int64_t x) {
   return (x + kPairTile - 1) / kPairTile * kPairTile;
@@ -74,6 +81,29 @@ inline __m512i consecutive_bf16(__m512 lo, __m512 hi) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
+/// x[0:n] rounded to bfloat16 into out[0:n].
+inline void round_to_bf16(const float* x, int64_t n, c10::BFloat16* out) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - j)) - 1);
+    const __m256bh y = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x + j));
+    _mm256_mask_storeu_epi16(out + j, lanes, reinterpret_cast<__m256i>(y));
+  }
+}
+
+/// x · y over n bfloat16 elements, in float.
+inline float dot_bf16(const c10::BFloat16* x, const c10::BFloat16* y, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - j)) - 1);
+    const auto widen = [&](const c10::BFloat16* p) {
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p + j)), 16));
+    };
+    acc = _mm512_fmadd_ps(widen(x), widen(y), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 /// The first r <= 16 pairs of (x[0:r], y[0:r]) of two bfloat16 rows: y null
 /// gives pairs (x, 0), so that a missing row never reads memory past a
 /// tensor or padding it may hold (inf, NaN).
@@ -97,6 +127,65 @@ inline void pair_rows(const c10::BFloat16* x, const c10::BFloat16* y, int64_t co
   std::fill(out + cols, out + room, Pair{0});
 }
 
+/// e^x for the probabilities, which are rounded to bfloat16 (8 bits) before
+/// their products: softmax_exp's reduction (softmax_row-inl.h) with one ln 2
+/// constant and Taylor to degree 4, whose relative error, under 5e-5, is a
+/// hundredth of that rounding: 10 instructions where softmax_exp takes 15.
+/// The forward's sums and lse and the backward's P use the same values, so
+/// the two passes agree. x <= 0 here (scores less their maximum or lse);
+/// below -87.3, and at -inf, it is 0; NaN stays NaN.
+inline __m512 exp_bf16(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(kExpLowest);
+  // max_ps returns its second operand when either is NaN: NaN goes through.
+  const __m512 c = _mm512_max_ps(lowest, x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945f), c);
+  __m512 p = _mm512_set1_ps(1.0f / 24);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  // Zero below the range; the compare is true for NaN, which stays.
+  return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ), p, n);
+}
+
+/// Rows [0, rows) of a bfloat16 matrix x (row stride `cols`) in pairs of
+/// features, transposed into panels of kPairTile rows: row j's pair c at
+/// out[(j / 32) · pairs · 32 + c · 32 + j % 32], with a zero after an odd
+/// last feature, and zeros for rows [rows, room).
+inline void transpose_pairs(const c10::BFloat16* x, int64_t rows, int64_t cols, int64_t room,
+                            Pair* out) {
+  const int64_t pairs = pairs_of(cols), whole = cols / 2;
+  for (int64_t j = 0; j < room; ++j) {
+    Pair* column = out + j / kPairTile * pairs * kPairTile + j % kPairTile;
+    if (j >= rows) {
+      for (int64_t c = 0; c < pairs; ++c) column[c * kPairTile] = 0;
+      continue;
+    }
+    const c10::BFloat16* row = x + j * cols;
+    for (int64_t c = 0; c < whole; ++c) column[c * kPairTile] = load_pair(row + 2 * c);
+    if (whole < pairs) column[whole * kPairTile] = make_pair(row[cols - 1], c10::BFloat16(0.0f));
+  }
+}
+
+/// The valid lengths of rows [i0, i0 + rows) of batch entry b (blocks never
+/// straddle two entries) into len[0:rows], and their maximum: with one
+/// length per entry, one look-up rather than a division per row.
+inline int64_t block_lengths(const RowLengths& lens, int64_t n, int64_t m, int64_t b, int64_t i0,
+                             int64_t rows, int64_t* len) {
+  if (lens.data == nullptr || lens.rows_per_len > 1) {
+    std::fill_n(len, rows, lens.at(b * n + i0, m));
+    return rows > 0 ? len[0] : 0;
+  }
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    len[r] = std::min(lens.data[b * n + i0 + r], m);
+    longest = std::max(longest, len[r]);
+  }
+  return longest;
+}
+
 /// The key block of a pass whose longest valid length is `longest`: a
 /// `parts`-th of it in whole tiles, from one tile up to kMaxKeyBlock (even,
 /// so that pairs of keys never straddle two blocks).
@@ -106,7 +195,7 @@ inline int64_t bf16_key_block(int64_t longest, int64_t parts) {
                              kMaxKeyBlock);
 }
 
-// C[0:6, 0:32] (= or +=) A[0:6, 0:K] · B[0:K, 0:32] in pairs: row r of A is
+// C[0:8, 0:32] (= or +=) A[0:8, 0:K] · B[0:K, 0:32] in pairs: row r of A is
 // a[r][k · step] (step 1 unless A is read transposed), row k of B is 32
 // pairs at B + k · ldb. Named accumulators and not inlined, as gemm_tile.
 template <bool kTransA>
@@ -116,45 +205,33 @@ C10_NOINLINE void gemm_bf16_tile(int64_t K, const Pair* const* a, int64_t a_step
   auto init = [&](int r, int half) {
     return accumulate ? _mm512_loadu_ps(c[r] + half * 16) : _mm512_setzero_ps();
   };
-  __m512 c00 = init(0, 0), c01 = init(0, 1), c10 = init(1, 0), c11 = init(1, 1);
-  __m512 c20 = init(2, 0), c21 = init(2, 1), c30 = init(3, 0), c31 = init(3, 1);
-  __m512 c40 = init(4, 0), c41 = init(4, 1), c50 = init(5, 0), c51 = init(5, 1);
-  const Pair *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+#define D2L_TILE_ROW(r) __m512 c##r##0 = init(r, 0), c##r##1 = init(r, 1);
+  D2L_TILE_ROW(0) D2L_TILE_ROW(1) D2L_TILE_ROW(2) D2L_TILE_ROW(3)
+  D2L_TILE_ROW(4) D2L_TILE_ROW(5) D2L_TILE_ROW(6) D2L_TILE_ROW(7)
+#undef D2L_TILE_ROW
+  const Pair *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5], *a6 = a[6],
+             *a7 = a[7];
   for (int64_t k = 0; k < K; ++k) {
     const auto b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + k * ldb));
     const auto b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + k * ldb + 16));
     const int64_t ak = k * step;
-    auto x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a0 + ak))));
-    c00 = _mm512_dpbf16_ps(c00, x, b0);
-    c01 = _mm512_dpbf16_ps(c01, x, b1);
-    x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a1 + ak))));
-    c10 = _mm512_dpbf16_ps(c10, x, b0);
-    c11 = _mm512_dpbf16_ps(c11, x, b1);
-    x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a2 + ak))));
-    c20 = _mm512_dpbf16_ps(c20, x, b0);
-    c21 = _mm512_dpbf16_ps(c21, x, b1);
-    x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a3 + ak))));
-    c30 = _mm512_dpbf16_ps(c30, x, b0);
-    c31 = _mm512_dpbf16_ps(c31, x, b1);
-    x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a4 + ak))));
-    c40 = _mm512_dpbf16_ps(c40, x, b0);
-    c41 = _mm512_dpbf16_ps(c41, x, b1);
-    x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a5 + ak))));
-    c50 = _mm512_dpbf16_ps(c50, x, b0);
-    c51 = _mm512_dpbf16_ps(c51, x, b1);
+#define D2L_TILE_ROW(r)                                                                        \
+  {                                                                                            \
+    const auto x =                                                                             \
+        reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a##r + ak)))); \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, x, b0);                                                \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, x, b1);                                                \
   }
-  _mm512_storeu_ps(c[0], c00);
-  _mm512_storeu_ps(c[0] + 16, c01);
-  _mm512_storeu_ps(c[1], c10);
-  _mm512_storeu_ps(c[1] + 16, c11);
-  _mm512_storeu_ps(c[2], c20);
-  _mm512_storeu_ps(c[2] + 16, c21);
-  _mm512_storeu_ps(c[3], c30);
-  _mm512_storeu_ps(c[3] + 16, c31);
-  _mm512_storeu_ps(c[4], c40);
-  _mm512_storeu_ps(c[4] + 16, c41);
-  _mm512_storeu_ps(c[5], c50);
-  _mm512_storeu_ps(c[5] + 16, c51);
+    D2L_TILE_ROW(0) D2L_TILE_ROW(1) D2L_TILE_ROW(2) D2L_TILE_ROW(3)
+    D2L_TILE_ROW(4) D2L_TILE_ROW(5) D2L_TILE_ROW(6) D2L_TILE_ROW(7)
+#undef D2L_TILE_ROW
+  }
+#define D2L_TILE_ROW(r)                  \
+  _mm512_storeu_ps(c[r], c##r##0);       \
+  _mm512_storeu_ps(c[r] + 16, c##r##1);
+  D2L_TILE_ROW(0) D2L_TILE_ROW(1) D2L_TILE_ROW(2) D2L_TILE_ROW(3)
+  D2L_TILE_ROW(4) D2L_TILE_ROW(5) D2L_TILE_ROW(6) D2L_TILE_ROW(7)
+#undef D2L_TILE_ROW
 }
 
 /// C[0:rows, 0:tiles·32] (= or +=) A[0:rows, 0:K] · B in pairs, laid out as
