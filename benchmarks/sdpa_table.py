@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dot-product attention without weights against LibTorch's SDPA, as a markdown table.
 
-    python3 benchmarks/sdpa_table.py build-torch2/bench-sdpa-threads1.json [more.json ...]
+    python3 benchmarks/sdpa_table.py [--cpu-time] build-torch2/bench-sdpa-threads1.json [more.json ...]
 
 Reads Google Benchmark JSON from bench_attention's `sdpa*` shapes (names
 `<case>/<shape>/threads:<N>`, cases dot_fused_noweights_* (the flash kernel), dot_fused_weights_*
@@ -20,6 +20,8 @@ fractions of the limits, which the `limits` shape measures in the same files (`f
 core's float32 FMA peak; `dpbf16_peak`: its VDPBF16PS peak; `mm_fp32`, `mm_bf16`: LibTorch's own
 2048² torch::mm). Peaks are one core's: at N threads a fraction is of N times the peak. A header
 line says the host, the date, the load and the LibTorch the files were measured with.
+--cpu-time reads the process's CPU time instead of the real time: on a machine that other programs
+load beyond its cores, the real time of a 1-thread case counts their turns too.
 Standard library only.
 """
 
@@ -33,13 +35,13 @@ BF16_CASES = ["dot_fused_noweights_bf16", "sdpa_bf16", "dot_fused_noweights"]
 LIMITS = ["fma_peak", "dpbf16_peak", "mm_fp32", "mm_bf16"]
 
 
-def read(paths, flops=None):
+def read(paths, flops=None, time="real_time"):
     """Medians {(case, shape, threads): seconds} of the sdpa* and limits rows, the peaks of
     memory and which kind they are; with `flops` (a dict) also each key's flop count per call
     (counters `useful_flop` and `flop`)."""
     peaks = {"peak_heap_delta_bytes": {}, "peak_rss_delta_bytes": {}}
     keyed = []
-    for parts, row, seconds in benchmark_rows(paths):
+    for parts, row, seconds in benchmark_rows(paths, time):
         if len(parts) < 3 or not (parts[1].startswith("sdpa") or parts[1] == "limits"):
             continue
         threads = next((int(p.split(":")[1]) for p in parts[2:] if p.startswith("threads:")), 0)
@@ -49,9 +51,10 @@ def read(paths, flops=None):
             if field in row:
                 seen[key] = max(seen.get(key, 0), row[field])
         if flops is not None:
+            # The same on every row; the stddev and cv aggregates hold 0.
             for counter in ("useful_flop", "flop"):
                 if counter in row:
-                    flops[key] = row[counter]
+                    flops[key] = max(flops.get(key, 0), row[counter])
     field = "peak_heap_delta_bytes" if peaks["peak_heap_delta_bytes"] else "peak_rss_delta_bytes"
     return medians(keyed), peaks[field], "heap" if field == "peak_heap_delta_bytes" else "RSS"
 
@@ -148,16 +151,19 @@ def shape_order(name):
     return (1 if match.group(2) else 0, match.group(3) is not None, int(match.group(1)), name)
 
 
-def main(paths):
+def main(args):
+    time = "cpu_time" if "--cpu-time" in args else "real_time"
+    paths = [a for a in args if a != "--cpu-time"]
     flops = {}
-    medians, peaks, kind = read(paths, flops)
+    medians, peaks, kind = read(paths, flops, time)
     ctx = context(paths)
     host = cpu_model()
     if host or ctx:
         print(f"Host: {host or ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs; "
               f"LibTorch {ctx.get('torch_version', '?')}; d2l kernels "
               f"{ctx.get('d2l_cpu_isa', '?')}; measured {ctx.get('date', '?')}, load average "
-              f"at the start {ctx.get('load_average', '?')}.")
+              f"at the start {ctx.get('load_average', '?')}; times are "
+              f"{'CPU' if time == 'cpu_time' else 'real'} time.")
         print()
     shapes = sorted({k[1] for k in medians if k[1] != "limits"}, key=shape_order)
     threads = sorted({k[2] for k in medians})

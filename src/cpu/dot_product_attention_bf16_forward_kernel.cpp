@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -56,7 +57,7 @@ struct Bf16ForwardScratch {
   std::unique_ptr<float[]> st;  // Sᵀ of one key block (kb × W)
   std::unique_ptr<Pair[]> pt;   // Pᵀ in pairs of keys (kb / 2 × W)
   std::unique_ptr<float[]> ot;  // Oᵀ accumulated (dv × W)
-  std::unique_ptr<BF16[]> ob;   // Oᵀ, normalised and rounded (dv × W)
+  std::unique_ptr<Pair[]> ob;   // Oᵀ normalised, rounded, in pairs of features (dv / 2 × W)
   alignas(64) float limit[W];   // per query: its valid keys in the key block
   alignas(64) float row_max[W], row_sum[W];
   int64_t len[W];
@@ -66,7 +67,7 @@ struct Bf16ForwardScratch {
         st(uninitialized_buffer<float>(a.kb * W)),
         pt(uninitialized_buffer<Pair>(a.kb / 2 * W)),
         ot(uninitialized_buffer<float>(a.s.dv * W)),
-        ob(uninitialized_buffer<BF16>(a.s.dv * W)) {}
+        ob(uninitialized_buffer<Pair>(pairs_of(a.s.dv) * W)) {}
 };
 
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc), the exponentials relative to each
@@ -162,20 +163,29 @@ void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, i
     }
     attend_key_block(a, w, b, j0, kc, all_valid);
   }
-  // Oᵀ divided by the sums and rounded a vector of queries at a time, then
-  // each query's row copied out of the transposed result.
+  // Oᵀ divided by the sums and rounded a vector of queries at a time, two
+  // features interleaved into pairs (ob: dv / 2 × W pairs), then each query's
+  // row copied out of it a pair at a time.
   alignas(64) float inv[W];
   for (int64_t c = 0; c < W; ++c) inv[c] = w.len[c] == 0 ? 0.0f : 1.0f / w.row_sum[c];
   const __m512 inv0 = _mm512_load_ps(inv), inv1 = _mm512_load_ps(inv + V::size());
   const float* ot = w.ot.get();
-  for (int64_t f = 0; f < s.dv; ++f) {
-    _mm512_storeu_si512(w.ob.get() + f * W,
-                        consecutive_bf16(_mm512_mul_ps(_mm512_loadu_ps(ot + f * W), inv0),
-                                         _mm512_mul_ps(_mm512_loadu_ps(ot + f * W + V::size()), inv1)));
+  Pair* ob = w.ob.get();
+  const auto normalised = [&](int64_t f, int64_t half) {
+    if (f >= s.dv) return _mm512_setzero_ps();
+    return _mm512_mul_ps(_mm512_loadu_ps(ot + f * W + half * V::size()), half ? inv1 : inv0);
+  };
+  for (int64_t f = 0; f < s.dv; f += 2) {
+    for (int64_t half = 0; half < 2; ++half) {
+      _mm512_storeu_si512(ob + f / 2 * W + half * V::size(),
+                          interleave_bf16(normalised(f, half), normalised(f + 1, half)));
+    }
   }
+  const int64_t whole = s.dv / 2;
   for (int64_t c = 0; c < rows; ++c) {
     BF16* out = a.out + (b * s.n + i0 + c) * s.dv;
-    for (int64_t f = 0; f < s.dv; ++f) out[f] = w.ob[f * W + c];
+    for (int64_t f2 = 0; f2 < whole; ++f2) std::memcpy(out + 2 * f2, ob + f2 * W + c, sizeof(Pair));
+    if (whole * 2 < s.dv) std::memcpy(out + s.dv - 1, ob + whole * W + c, sizeof(BF16));
     a.lse[b * s.n + i0 + c] = w.len[c] == 0 ? -std::numeric_limits<float>::infinity()
                                             : w.row_max[c] + std::log(w.row_sum[c]);
   }
