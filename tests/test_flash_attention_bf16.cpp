@@ -90,9 +90,9 @@ constexpr Bounds kWidened{1.5, 2, 1.5, 1.5};
 
 // Sizes around the bfloat16 kernel's blocks (32 queries forward, 48
 // backward; key blocks of up to 128, pairs of keys, queries and features):
-// the fewest queries it takes (16), one past a block, odd n, m, d and dv
+// the fewest queries it takes (11), one past a block, odd n, m, d and dv
 // (pairs completed with zeros), one feature, several key blocks.
-const std::vector<Sizes> kCases = {{2, 16, 16, 8, 8},     {2, 33, 45, 7, 9},   {3, 49, 130, 33, 17},
+const std::vector<Sizes> kCases = {{2, 11, 16, 8, 8},     {2, 33, 45, 7, 9},   {3, 49, 130, 33, 17},
                                    {2, 50, 257, 1, 3},    {2, 128, 513, 64, 64},
                                    {1, 300, 1100, 64, 64}};
 
@@ -314,10 +314,10 @@ TEST_P(FlashBf16, ExplainPathSaysWhichKernel) {
   EXPECT_EQ(explain(q, true).reasons,
             std::vector<std::string>{"flash_bf16: attention weights asked for (the bfloat16 "
                                      "kernel writes none)" + widened_suffix});
-  EXPECT_EQ(explain(q.narrow(1, 0, 15), false).reasons,
-            std::vector<std::string>{"flash_bf16: 15 queries a batch entry (below 16 they run "
+  EXPECT_EQ(explain(q.narrow(1, 0, 10), false).reasons,
+            std::vector<std::string>{"flash_bf16: 10 queries a batch entry (below 11 they run "
                                      "row by row)" + widened_suffix});
-  EXPECT_EQ(explain(q.narrow(1, 0, 15), false).path, "flash");
+  EXPECT_EQ(explain(q.narrow(1, 0, 10), false).path, "flash");
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, FlashBf16, ::testing::ValuesIn(d2l::testing::all_isas()),

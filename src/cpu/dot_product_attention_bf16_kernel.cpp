@@ -30,15 +30,21 @@
 // copy the size of V, below each batch entry's longest length: packing it
 // per block cost more than the block's products). Oᵀ is float until it is
 // divided by the sum and rounded; lse is float. The backward is the float
-// kernel's block path too, parallel over (batch entry, key block): P = Q Kᵀ
-// and dP = dO Vᵀ with Kᵀ and Vᵀ packed per task in pairs of features; P and
-// dS rounded to bfloat16 in pairs of queries for dV += Pᵀ dO and dK += dSᵀ Q
-// (Q and dO packed once per call in pairs of queries), and dS in pairs of
-// keys for dQ += dS K (K packed per task in pairs of keys). dK and dV
+// kernel's block path too, parallel over (batch entry, key block), with
+// query blocks of 96 rows (48 pairs: the products over queries run 48
+// steps): P = Q Kᵀ and dP = dO Vᵀ with Kᵀ and Vᵀ packed per task in pairs of
+// features; P and dS made two query rows at a time straight into their
+// bfloat16 layouts, pairs of queries for dV += Pᵀ dO and dK += dSᵀ Q (Q and
+// dO packed once per call in pairs of queries) and pairs of keys for
+// dQ += dS K (K packed per task in pairs of keys). dK and dV
 // accumulate in float per task, dQ in a float (B, n, d) buffer whose sums
 // run in an order fixed by the work split (Continuations, as the float
 // kernel's rows path), each rounded to bfloat16 once. D = rowsum(dO ∘ O)
 // is taken from the bfloat16 output, in float.
+//
+// The register tiles are 8 rows × 32 columns (16 accumulators: VDPBF16PS
+// takes 6 cycles), and the probabilities' exponential is a cheaper one
+// (exp_bf16, relative error 5e-5) that both passes share.
 //
 // What this costs in accuracy beyond the float kernel on the same bfloat16
 // inputs: P (in the forward, and P and dS in the backward) rounded to
