@@ -475,17 +475,22 @@ bench-book: deps deps-python configure
 
 # Dot-product attention without weights against LibTorch 2.x's SDPA on the CPU,
 # (BH, n = m, d = 64) and one query against m keys (`q1`: a decoding step),
-# with random valid lengths, at each thread count, one process per shape;
-# prints a markdown table of medians and ratios.
-SDPA_SHAPES ?= sdpa128 sdpa512 sdpa1024 sdpa2048 sdpa4096 sdpa8192 sdpa128full sdpa512full sdpa2048full \
-               sdpa512q1 sdpa2048q1 sdpa8192q1 sdpa16384q1 sdpa2048q1full sdpa16384q1full
+# with random valid lengths, at each thread count, one process per shape, in
+# float32 and bfloat16; prints markdown tables of medians, ratios, useful
+# GFLOP/s and their fractions of the limits.
+# `limits` times what the rows are quoted against (one core's float32 FMA and
+# VDPBF16PS peaks, torch::mm in float32 and bfloat16). SDPA_TABLE_FLAGS=--cpu-time
+# reads CPU time instead of real time, for a machine other programs load.
+SDPA_SHAPES ?= limits sdpa128 sdpa512 sdpa1024 sdpa2048 sdpa4096 sdpa8192 sdpa128full sdpa512full \
+               sdpa2048full sdpa512q1 sdpa2048q1 sdpa8192q1 sdpa16384q1 sdpa2048q1full sdpa16384q1full
+SDPA_TABLE_FLAGS ?=
 bench-sdpa:
 	$(MAKE) configure TORCH=wheel
 	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
 	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_attention
 	$(call run_bench_attention,$(BUILD2_DIR),$(SDPA_SHAPES),bench-sdpa)
-	python3 benchmarks/sdpa_table.py $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
-	  | tee $(BUILD2_DIR)/bench-sdpa-report.md
+	python3 benchmarks/sdpa_table.py $(SDPA_TABLE_FLAGS) $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
+	  $(BUILD2_DIR)/bench-sdpa-threads*-limits.json | tee $(BUILD2_DIR)/bench-sdpa-report.md
 
 # The Transformer's attention beside its peers on the torch 2.11 leg: causal
 # self-attention at n = m = 2048 against the same kernel unmasked and SDPA's

@@ -3,8 +3,13 @@
 // benchmarks/book_reference.py. Names: `[composite:]<case>/<shape>/threads:<N>`,
 // read by benchmarks/compare.py.
 //
-//   bench_attention [--threads 1,2] [--shapes toy,d2l,mid,big,sdpa128,...,sdpa4096] [--no-memory]
-//                   [--composite-big] [--deterministic] [Google Benchmark flags]
+//   bench_attention [--threads 1,2] [--shapes toy,d2l,mid,big,sdpa128,...,sdpa4096,limits]
+//                   [--no-memory] [--composite-big] [--deterministic] [Google Benchmark flags]
+//
+// `limits` times what the attention rows are quoted against (sdpa_table.py):
+// one core's float32 FMA peak and bfloat16 VDPBF16PS peak (register-only
+// loops, as tools' fma_peak.c and benchmarks/compute_peak.c), and LibTorch's
+// own 2048² torch::mm in float32 and bfloat16.
 //
 // --deterministic runs everything with torch's deterministic algorithms on
 // (the flash backward then sums dQ in a fixed order, README "Threads").
@@ -14,6 +19,8 @@
 #include <torch/torch.h>
 
 #include <fmt/format.h>
+
+#include <immintrin.h>
 
 #include <fstream>
 #include <functional>
@@ -47,6 +54,13 @@ struct Inputs {
 // lengths for us, no mask for SDPA.
 bool unmasked(const Shape& s) {
   return s.name.size() > 4 && s.name.substr(s.name.size() - 4) == "full";
+}
+
+// The same inputs in bfloat16 (lengths as they are).
+Inputs in_bf16(const Inputs& in) {
+  const auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+  return {bf16(in.scores),  in.lens,           bf16(in.queries),         bf16(in.keys),
+          bf16(in.values), bf16(in.upstream_scores), bf16(in.upstream_out)};
 }
 
 Inputs make_inputs(const Shape& s) {
@@ -280,8 +294,104 @@ std::map<std::string, CaseFactory> sdpa_cases() {
     return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
                             [=](const auto& x) { return sdpa(in, x); });
   };
+  c["sdpa_bf16_fwd"] = [=](const Shape&, const Inputs& f) {
+    const Inputs in = in_bf16(f);
+    return forward_only([=] { return sdpa(in, {in.queries, in.keys, in.values}); });
+  };
+  c["sdpa_bf16_fwdbwd"] = [=](const Shape&, const Inputs& f) {
+    const Inputs in = in_bf16(f);
+    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out,
+                            [=](const auto& x) { return sdpa(in, x); });
+  };
 #endif
+  // The flash kernel on bfloat16 inputs: its bfloat16 kernel where the CPU
+  // has AVX512-BF16 (Note [bfloat16 flash attention]), else the float kernel
+  // on inputs widened to float.
+  c["dot_fused_noweights_bf16_fwd"] = [](const Shape&, const Inputs& f) {
+    const Inputs in = in_bf16(f);
+    return forward_only([=] {
+      return dot_attention(in, {in.queries, in.keys, in.values}, d2l::AttentionBackend::kFused,
+                           false);
+    });
+  };
+  c["dot_fused_noweights_bf16_fwdbwd"] = [](const Shape&, const Inputs& f) {
+    const Inputs in = in_bf16(f);
+    return forward_backward({in.queries, in.keys, in.values}, in.upstream_out, [=](const auto& x) {
+      return dot_attention(in, x, d2l::AttentionBackend::kFused, false);
+    });
+  };
   return c;
+}
+
+// Multiply-adds per (query, key) pair the attention rows count as useful
+// work: Q Kᵀ and P V over valid keys only (SDPA's padding does not count),
+// 2 · (d + dv) flops a pair forward, 3.5 times that forward and backward
+// (five products of the same size against two).
+double useful_flop(const Shape& s, const Inputs& in, bool backward) {
+  double pairs = static_cast<double>(s.B * s.n * s.m);
+  if (in.lens.defined()) pairs = in.lens.clamp_max(s.m).sum().item<double>() * s.n;
+  return pairs * 2.0 * (2 * s.d) * (backward ? 3.5 : 1.0);
+}
+
+// ------------------------------------------------------------- the limits
+// Register-only loops of 16 independent accumulators, long enough to hide
+// every latency: the most one core does of each instruction. Compiled for
+// AVX-512 (and AVX512-BF16) here only; registered where the CPU runs them.
+
+constexpr int64_t kPeakSteps = 4000000;
+
+__attribute__((target("avx512f"))) double fma_loop() {
+  __m512 acc[16];
+  const __m512 b = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  for (int64_t k = 0; k < kPeakSteps; ++k) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  }
+  float sum = 0;
+  for (int i = 0; i < 16; ++i) sum += _mm512_reduce_add_ps(acc[i]);
+  benchmark::DoNotOptimize(sum);
+  return kPeakSteps * 16.0 * 16 * 2;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop() {
+  __m512 acc[16];
+  const auto x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));
+  const auto y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  for (int64_t k = 0; k < kPeakSteps; ++k) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+  }
+  float sum = 0;
+  for (int i = 0; i < 16; ++i) sum += _mm512_reduce_add_ps(acc[i]);
+  benchmark::DoNotOptimize(sum);
+  return kPeakSteps * 16.0 * 32 * 2;
+}
+
+struct Limit {
+  std::string name;
+  std::function<bool()> runs_here;
+  std::function<std::function<double()>()> make;  // the body, returning its flops
+};
+
+std::vector<Limit> limits() {
+  const auto mm = [](torch::ScalarType dtype) {
+    return [dtype]() -> std::function<double()> {
+      const auto a = torch::randn({2048, 2048}).to(dtype), b = torch::randn({2048, 2048}).to(dtype);
+      return [=] {
+        benchmark::DoNotOptimize(torch::mm(a, b));
+        return 2.0 * 2048 * 2048 * 2048;
+      };
+    };
+  };
+  const auto always = [] { return true; };
+  return {{"fma_peak", [] { return __builtin_cpu_supports("avx512f") != 0; },
+           [] { return std::function<double()>(fma_loop); }},
+          {"dpbf16_peak", [] { return __builtin_cpu_supports("avx512bf16") != 0; },
+           [] { return std::function<double()>(dpbf16_loop); }},
+          {"mm_fp32", always, mm(torch::kFloat)},
+          {"mm_bf16", always, mm(torch::kBFloat16)}};
 }
 
 struct Config {
@@ -325,7 +435,7 @@ Config parse(int& argc, char** argv) {
 }
 
 void register_case(const std::string& name, const Shape& shape, int threads,
-                   const CaseFactory& factory, bool memory) {
+                   const CaseFactory& factory, bool memory, bool count_flop = false) {
   benchmark::RegisterBenchmark(name.c_str(),
                                [=](benchmark::State& state) {
                                  // ATen's pool at `threads`, OpenBLAS's at 1: the
@@ -345,6 +455,11 @@ void register_case(const std::string& name, const Shape& shape, int threads,
                                  }
                                  for (auto _ : state) body();
                                  state.counters["threads"] = threads;
+                                 if (count_flop) {
+                                   const bool backward = name.find("_fwdbwd/") != std::string::npos;
+                                   state.counters["useful_flop"] =
+                                       useful_flop(shape, inputs, backward);
+                                 }
                                })
       ->UseRealTime()
       ->Unit(benchmark::kMicrosecond);
@@ -356,6 +471,12 @@ int main(int argc, char** argv) {
   const Config config = parse(argc, argv);
   benchmark::AddCustomContext("d2l_cpu_isa", d2l::to_string(d2l::cpu_isa()));
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  // Other programs on the cores change the timings: the 1, 5 and 15 minute
+  // load averages as the run starts.
+  std::ifstream loadavg("/proc/loadavg");
+  std::string one, five, fifteen;
+  loadavg >> one >> five >> fifteen;
+  benchmark::AddCustomContext("load_average", one + " " + five + " " + fifteen);
   at::globalContext().setDeterministicAlgorithms(config.deterministic, false);
   benchmark::AddCustomContext("deterministic_algorithms", config.deterministic ? "on" : "off");
   for (const auto& shape : kShapes) {
@@ -388,8 +509,27 @@ int main(int argc, char** argv) {
       for (int threads : config.threads) {
         for (const auto& [name, factory] : sdpa_cases()) {
           register_case(fmt::format("{}/{}/threads:{}", name, shape.name, threads), shape, threads,
-                        factory, config.memory);
+                        factory, config.memory, /*count_flop=*/true);
         }
+      }
+    }
+  }
+  if (std::find(config.shapes.begin(), config.shapes.end(), "limits") != config.shapes.end()) {
+    for (const auto& limit : limits()) {
+      if (!limit.runs_here()) continue;
+      for (int threads : config.threads) {
+        benchmark::RegisterBenchmark(
+            fmt::format("{}/limits/threads:{}", limit.name, threads).c_str(),
+            [=](benchmark::State& state) {
+              d2l::set_num_threads(threads);
+              const auto body = limit.make();
+              double flop = body();
+              for (auto _ : state) flop = body();
+              state.counters["flop"] = flop;
+              state.counters["threads"] = threads;
+            })
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   }

@@ -8,15 +8,15 @@ from collections import defaultdict
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def benchmark_rows(paths):
-    """Yields (name parts split on '/', row, real time in seconds) for every row of the Google
-    Benchmark JSON files `paths`."""
+def benchmark_rows(paths, time="real_time"):
+    """Yields (name parts split on '/', row, time in seconds) for every row of the Google
+    Benchmark JSON files `paths`: real time, or with time="cpu_time" the process's CPU time."""
     for path in paths:
         with open(path) as f:
             data = json.load(f)
         for row in data.get("benchmarks", []):
             parts = row.get("run_name", row["name"]).split("/")
-            yield parts, row, row["real_time"] * UNITS[row.get("time_unit", "ns")]
+            yield parts, row, row[time] * UNITS[row.get("time_unit", "ns")]
 
 
 def medians(keyed_rows):

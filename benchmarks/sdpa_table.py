@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dot-product attention without weights against LibTorch's SDPA, as a markdown table.
 
-    python3 benchmarks/sdpa_table.py build-torch2/bench-sdpa-threads1.json [more.json ...]
+    python3 benchmarks/sdpa_table.py [--cpu-time] build-torch2/bench-sdpa-threads1.json [more.json ...]
 
 Reads Google Benchmark JSON from bench_attention's `sdpa*` shapes (names
 `<case>/<shape>/threads:<N>`, cases dot_fused_noweights_* (the flash kernel), dot_fused_weights_*
@@ -12,21 +12,37 @@ medians and the ratios against SDPA measured in the same process, and each one's
 call: the heap's high-water mark above its level at the call's start (`peak_heap_delta_bytes`,
 counted exactly by benchmarks/heap_peak.cpp), or where that is missing the resident set's
 (`peak_rss_delta_bytes`, which misses memory the allocator reuses). The largest over repetitions.
+
+bfloat16 (cases dot_fused_noweights_bf16_* and sdpa_bf16_*, the same inputs rounded to bfloat16)
+gets a second table beside float32 (dot_fused_noweights_*): times, ratios, the useful rate (the
+`useful_flop` counter: Q Kᵀ and P V over valid keys, 3.5 times that forward and backward) and its
+fractions of the limits, which the `limits` shape measures in the same files (`fma_peak`: one
+core's float32 FMA peak; `dpbf16_peak`: its VDPBF16PS peak; `mm_fp32`, `mm_bf16`: LibTorch's own
+2048² torch::mm). Peaks are one core's: at N threads a fraction is of N times the peak. A header
+line says the host, the date, the load and the LibTorch the files were measured with.
+--cpu-time reads the process's CPU time instead of the real time: on a machine that other programs
+load beyond its cores, the real time of a 1-thread case counts their turns too.
 Standard library only.
 """
 
+import json
 import re
 import sys
 
 from report_io import benchmark_rows, medians
 CASES = ["dot_fused_noweights", "sdpa", "dot_fused_weights", "dot_unfused"]
+BF16_CASES = ["dot_fused_noweights_bf16", "sdpa_bf16", "dot_fused_noweights"]
+LIMITS = ["fma_peak", "dpbf16_peak", "mm_fp32", "mm_bf16"]
 
 
-def read(paths):
+def read(paths, flops=None, time="real_time"):
+    """Medians {(case, shape, threads): seconds} of the sdpa* and limits rows, the peaks of
+    memory and which kind they are; with `flops` (a dict) also each key's flop count per call
+    (counters `useful_flop` and `flop`)."""
     peaks = {"peak_heap_delta_bytes": {}, "peak_rss_delta_bytes": {}}
     keyed = []
-    for parts, row, seconds in benchmark_rows(paths):
-        if len(parts) < 3 or not parts[1].startswith("sdpa"):
+    for parts, row, seconds in benchmark_rows(paths, time):
+        if len(parts) < 3 or not (parts[1].startswith("sdpa") or parts[1] == "limits"):
             continue
         threads = next((int(p.split(":")[1]) for p in parts[2:] if p.startswith("threads:")), 0)
         key = (parts[0], parts[1], threads)
@@ -34,8 +50,88 @@ def read(paths):
         for field, seen in peaks.items():
             if field in row:
                 seen[key] = max(seen.get(key, 0), row[field])
+        if flops is not None:
+            # The same on every row; the stddev and cv aggregates hold 0.
+            for counter in ("useful_flop", "flop"):
+                if counter in row:
+                    flops[key] = max(flops.get(key, 0), row[counter])
     field = "peak_heap_delta_bytes" if peaks["peak_heap_delta_bytes"] else "peak_rss_delta_bytes"
     return medians(keyed), peaks[field], "heap" if field == "peak_heap_delta_bytes" else "RSS"
+
+
+def context(paths):
+    """The first file's Google Benchmark context: date, host, our custom keys."""
+    with open(paths[0]) as f:
+        return json.load(f).get("context", {})
+
+
+def cpu_model():
+    """This machine's CPU model and its bfloat16 engines, from /proc/cpuinfo ("" elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    field = lambda name: (re.search(r"^%s\s*:\s*(.*)$" % name, text, re.M) or [None, "?"])[1]
+    have = set(field("flags").split())
+    engines = [f for f in ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+               if f in have]
+    return (f"{field('model name')} (family {field('cpu family')} model {field('model')}; "
+            + (", ".join(engines) or "no AVX-512") + ")")
+
+
+def fmt_rate(flop, seconds):
+    return f"{flop / seconds / 1e9:.0f}" if flop and seconds else "—"
+
+
+def fmt_fraction(flop, seconds, limit):
+    return f"{flop / seconds / limit:.2f}" if flop and seconds and limit else "—"
+
+
+def bf16_table(medians, flops, threads, shapes):
+    """The bfloat16 rows: ours (the bfloat16 kernel or the widened one) against SDPA in bfloat16
+    and our float32, with the useful rates and their fractions of both limits."""
+    limit = lambda case, t: (flops.get((case, "limits", t)) / medians[(case, "limits", t)]
+                             if (case, "limits", t) in medians and (case, "limits", t) in flops
+                             else None)
+    fma, dp = limit("fma_peak", 1), limit("dpbf16_peak", 1)
+    lines = []
+    parts = [f"float32 FMA peak {fma / 1e9:.0f} GFLOP/s" if fma else None,
+             f"VDPBF16PS peak {dp / 1e9:.0f} GFLOP/s" if dp else None]
+    for t in threads:
+        mm32, mm16 = limit("mm_fp32", t), limit("mm_bf16", t)
+        if mm32 or mm16:
+            parts.append(f"torch::mm 2048² at {t} thread{'s' if t > 1 else ''}: float32 "
+                         f"{mm32 / 1e9 if mm32 else float('nan'):.0f}, bfloat16 "
+                         f"{mm16 / 1e9 if mm16 else float('nan'):.0f} GFLOP/s")
+    parts = [p for p in parts if p]
+    if parts:
+        lines.append("Limits (one core's peaks; at N threads the fractions are of N times them): "
+                     + "; ".join(parts) + ".")
+        lines.append("")
+    lines.append("| threads | shape | pass | ours bf16 | SDPA bf16 | ours / SDPA | ours fp32 | "
+                 "bf16 rate / fp32 rate | ours bf16 GFLOP/s | of FMA peak | of VDPBF16PS peak | "
+                 "SDPA bf16 GFLOP/s |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for t in threads:
+        for shape in shapes:
+            for pass_ in ("fwd", "fwdbwd"):
+                key = lambda case: (f"{case}_{pass_}", shape, t)
+                ours, sdpa, fp32 = (medians.get(key(c)) for c in BF16_CASES)
+                if ours is None:
+                    continue
+                flop = flops.get(key(BF16_CASES[0]))
+                cells = [str(t), shape, pass_, fmt_time(ours),
+                         fmt_time(sdpa) if sdpa else "—",
+                         f"{ours / sdpa:.2f}×" if sdpa else "—",
+                         fmt_time(fp32) if fp32 else "—",
+                         f"{fp32 / ours:.2f}×" if fp32 else "—",
+                         fmt_rate(flop, ours),
+                         fmt_fraction(flop, ours, fma * t if fma else None),
+                         fmt_fraction(flop, ours, dp * t if dp else None),
+                         fmt_rate(flop, sdpa)]
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def fmt_time(s):
@@ -55,9 +151,21 @@ def shape_order(name):
     return (1 if match.group(2) else 0, match.group(3) is not None, int(match.group(1)), name)
 
 
-def main(paths):
-    medians, peaks, kind = read(paths)
-    shapes = sorted({k[1] for k in medians}, key=shape_order)
+def main(args):
+    time = "cpu_time" if "--cpu-time" in args else "real_time"
+    paths = [a for a in args if a != "--cpu-time"]
+    flops = {}
+    medians, peaks, kind = read(paths, flops, time)
+    ctx = context(paths)
+    host = cpu_model()
+    if host or ctx:
+        print(f"Host: {host or ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs; "
+              f"LibTorch {ctx.get('torch_version', '?')}; d2l kernels "
+              f"{ctx.get('d2l_cpu_isa', '?')}; measured {ctx.get('date', '?')}, load average "
+              f"at the start {ctx.get('load_average', '?')}; times are "
+              f"{'CPU' if time == 'cpu_time' else 'real'} time.")
+        print()
+    shapes = sorted({k[1] for k in medians if k[1] != "limits"}, key=shape_order)
     threads = sorted({k[2] for k in medians})
     print("| threads | shape | pass | flash | SDPA | flash / SDPA | with weights | "
           "its time / flash | bmm + softmax + bmm | its time / flash | "
@@ -82,6 +190,9 @@ def main(paths):
                          fmt_bytes(pf) if pf is not None else "—",
                          fmt_bytes(ps) if ps is not None else "—"]
                 print("| " + " | ".join(cells) + " |")
+    if any(k[0].startswith(BF16_CASES[0] + "_") for k in medians):
+        print()
+        print(bf16_table(medians, flops, threads, shapes), end="")
 
 
 if __name__ == "__main__":

@@ -304,6 +304,35 @@ class SdpaTableTest(unittest.TestCase):
         self.assertIn("peak RSS Δ flash | peak RSS Δ SDPA |", text)
         self.assertIn("| 0.0 MiB | 1.0 MiB |", text)
 
+    def test_bf16_rows_rates_and_both_limits(self):
+        def rows(name, ms, counter, flop):
+            out = gbench_rows(name, [ms, ms, ms])
+            for r in out:
+                r[counter] = flop
+            return out
+        gflop = 1e9
+        doc = gbench_doc(rows("dot_fused_noweights_bf16_fwd/sdpa512/threads:1", 2.0, "useful_flop", 0.6 * gflop),
+                         rows("sdpa_bf16_fwd/sdpa512/threads:1", 8.0, "useful_flop", 0.6 * gflop),
+                         rows("dot_fused_noweights_fwd/sdpa512/threads:1", 3.0, "useful_flop", 0.6 * gflop),
+                         rows("fma_peak/limits/threads:1", 10.0, "flop", 2.0 * gflop),
+                         rows("dpbf16_peak/limits/threads:1", 10.0, "flop", 4.0 * gflop),
+                         rows("mm_fp32/limits/threads:1", 10.0, "flop", 1.0 * gflop),
+                         rows("mm_bf16/limits/threads:1", 10.0, "flop", 1.5 * gflop))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "sdpa.json")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                sdpa_table.main([path])
+        text = text.getvalue()
+        # Peaks 200 and 400 GFLOP/s, mm 100 and 150; ours 0.6 GFLOP in 2 ms = 300 GFLOP/s.
+        self.assertIn("float32 FMA peak 200 GFLOP/s; VDPBF16PS peak 400 GFLOP/s; torch::mm 2048² "
+                      "at 1 thread: float32 100, bfloat16 150 GFLOP/s.", text)
+        self.assertIn("| 1 | sdpa512 | fwd | 2.00 ms | 8.00 ms | 0.25× | 3.00 ms | 1.50× | 300 | "
+                      "1.50 | 0.75 | 75 |", text)
+        self.assertNotIn("limits |", text)
+
     def test_shapes_in_order_decoding_last(self):
         names = ["sdpa2048q1", "sdpa512full", "sdpa2048", "sdpa512q1full", "sdpa128", "sdpa512q1",
                  "sdpa8192"]

@@ -175,6 +175,9 @@ std::tuple<torch::Tensor, torch::Tensor> run_dot_product_attention(const DotProd
               torch::Tensor()};
     case DotProductPath::kFlash:
       return flash_attention(queries, keys, values, mask.lens, 1.0 / sqrt_d, need_weights);
+    case DotProductPath::kFlashBf16:
+      return {flash_attention_bf16(queries, keys, values, mask.lens, 1.0 / sqrt_d),
+              torch::Tensor()};
     default: break;
   }
   auto qk = torch::bmm(queries, keys.transpose(1, 2));

@@ -54,4 +54,14 @@ std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& qu
                                                          const torch::Tensor& valid_lens,
                                                          double scale, bool need_weights);
 
+/// softmax(scale · Q Kᵀ, masked by valid_lens) V by the flash kernel's
+/// bfloat16 kernel (Note [bfloat16 flash attention]), on bfloat16 queries,
+/// keys and values, where select_dot_product chose it (kFlashBf16: the
+/// kernel is there, no weights, enough queries). Autograd-aware as
+/// flash_attention; a backward after the kernels' instruction set was
+/// lowered below avx512_bf16 runs ATen ops.
+torch::Tensor flash_attention_bf16(const torch::Tensor& queries, const torch::Tensor& keys,
+                                   const torch::Tensor& values, const torch::Tensor& valid_lens,
+                                   double scale);
+
 }  // namespace d2l::detail

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/dot_product_attention_kernel.h"
 #include "linear.h"
 
 namespace d2l {
@@ -93,6 +94,7 @@ const char* to_string(DotProductPath path) {
     case DotProductPath::kComposite: return "composite";
     case DotProductPath::kFusedSoftmax: return "fused_softmax";
     case DotProductPath::kFlash: return "flash";
+    case DotProductPath::kFlashBf16: return "flash_bf16";
     case DotProductPath::kSdpa: return "sdpa";
   }
   return "?";
@@ -105,6 +107,45 @@ const char* to_string(DotProductPath path) {
 // "Choosing a backend", and `make bench-sdpa`). On CUDA, without weights, it
 // runs LibTorch's SDPA (2.1+).
 namespace {
+
+// Why bfloat16 inputs on the flash kernel run widened to float rather than on
+// its bfloat16 kernel, or empty when that kernel takes them.
+std::string why_not_flash_bf16(const DotProductParams& p) {
+  const CpuIsa isa = cpu_isa();
+  if (isa < CpuIsa::kAvx512Bf16) {
+    if (cpu_isa_available(CpuIsa::kAvx512Bf16)) {
+      return fmt::format(
+          "the kernels' instruction set is {} (D2L_CPU_ISA or d2l::set_cpu_isa; the bfloat16 "
+          "kernel needs avx512_bf16)",
+          to_string(isa));
+    }
+    return "this CPU or build has no AVX512-BF16 (the bfloat16 kernel multiplies with "
+           "VDPBF16PS)";
+  }
+  if (p.need_weights) return "attention weights asked for (the bfloat16 kernel writes none)";
+  const int64_t n = p.queries.size(1);
+  if (n < cpu::kMinBf16Queries) {
+    return fmt::format("{} queries a batch entry (below {} they run row by row)", n,
+                       cpu::kMinBf16Queries);
+  }
+  return {};
+}
+
+// The flash kernel for these inputs: its bfloat16 kernel or the float one,
+// saying why a reduced precision runs widened to float.
+DotProductPath flash_kernel(const DotProductParams& p, std::vector<std::string>* reasons) {
+  const auto type = p.queries.scalar_type();
+  if (type == torch::kBFloat16) {
+    const auto why = why_not_flash_bf16(p);
+    if (why.empty()) return DotProductPath::kFlashBf16;
+    refuse(reasons, {"flash_bf16"}, why + "; bfloat16 is widened to float");
+  } else if (type == torch::kHalf) {
+    refuse(reasons, {"flash_fp16"},
+           "no float16 kernel (AVX512-FP16 and AMX-FP16 are not used); float16 is widened to "
+           "float");
+  }
+  return DotProductPath::kFlash;
+}
 
 DotProductPath choose_dot_product(const char* fn, const DotProductParams& p,
                                   std::vector<std::string>* reasons) {
@@ -146,7 +187,7 @@ DotProductPath choose_dot_product(const char* fn, const DotProductParams& p,
                  "the boolean mask)");
       return DotProductPath::kComposite;
     }
-    if (!drops && !empty) return DotProductPath::kFlash;
+    if (!drops && !empty) return flash_kernel(p, reasons);
     why_not_flash({"flash"});
     return DotProductPath::kFusedSoftmax;
   }

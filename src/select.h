@@ -66,10 +66,11 @@ enum class DotProductPath {
   kComposite,     // bmm, composite masked softmax, bmm: the book's ops
   kFusedSoftmax,  // bmm, fused masked softmax, bmm: dropout in training
   kFlash,         // the flash CPU kernel (Note [Flash attention]), with or without weights
+  kFlashBf16,     // its bfloat16 kernel (Note [bfloat16 flash attention]), without weights
   kSdpa,          // LibTorch's scaled_dot_product_attention
 };
 
-/// "composite", "fused_softmax", "flash" or "sdpa".
+/// "composite", "fused_softmax", "flash", "flash_bf16" or "sdpa".
 const char* to_string(DotProductPath path);
 
 /// What decides dot-product attention's path: queries (B, n, d), keys (B, m,
@@ -86,7 +87,11 @@ struct DotProductParams {
 
 /// The path functional::dot_product_attention runs. kFused runs the flash
 /// kernel when no training-time dropout is asked and no size is zero, and
-/// the fused softmax otherwise. A boolean mask that lengths cannot express
+/// the fused softmax otherwise; bfloat16 runs the flash kernel's bfloat16
+/// kernel where the instruction set in use has it (CpuIsa::kAvx512Bf16), no
+/// weights are asked and a batch entry has at least kMinBf16Queries queries,
+/// else the float kernel on inputs widened to float (a "flash_bf16: <why>"
+/// reason says which). A boolean mask that lengths cannot express
 /// runs the composite path, or SDPA where it would run anyway or is asked.
 /// Throws, naming `fn`, for kSdpa on LibTorch older than 2.1 or with
 /// `need_weights`.

@@ -20,19 +20,21 @@
 
 namespace d2l::testing {
 
+// Every instruction set the kernels have: the parameterized suites name each,
+// and one this CPU or build cannot run is skipped with the reason, not left
+// out of the list. At avx512_bf16 the float kernels are the AVX-512 ones and
+// bfloat16 dot-product attention runs its own kernel.
+inline std::vector<d2l::CpuIsa> all_isas() {
+  return {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512,
+          d2l::CpuIsa::kAvx512Bf16};
+}
+
 inline std::vector<d2l::CpuIsa> runnable_isas() {
   std::vector<d2l::CpuIsa> isas;
-  for (auto isa : {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512}) {
+  for (auto isa : all_isas()) {
     if (d2l::cpu_isa_available(isa)) isas.push_back(isa);
   }
   return isas;
-}
-
-// Every instruction set the kernels have: the parameterized suites name each,
-// and one this CPU or build cannot run is skipped with the reason, not left
-// out of the list.
-inline std::vector<d2l::CpuIsa> all_isas() {
-  return {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512};
 }
 
 // Runs the test body once per instruction set, restoring the choice after.

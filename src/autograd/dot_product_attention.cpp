@@ -124,7 +124,67 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
   }
 };
 
+// The bfloat16 kernel (Note [bfloat16 flash attention]): bfloat16 operands,
+// output and gradients, float log-normalisers.
+struct FlashBf16Function : torch::autograd::Function<FlashBf16Function> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& queries,
+                               const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& lens, double scale) {
+    auto [out, lse] = flash_bf16_forward(queries.contiguous(), keys.contiguous(),
+                                         values.contiguous(), lens, scale);
+    ctx->save_for_backward({queries, keys, values, lens, out, lse});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &queries = saved[0], &keys = saved[1], &values = saved[2], &lens = saved[3];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const auto none = torch::Tensor();
+    const auto* kernels = cpu::dot_product_attention_bf16_kernels();
+    // A double backward (create_graph=true), or the kernels' instruction set
+    // lowered since the forward: ATen ops.
+    if (torch::GradMode::is_enabled() || kernels == nullptr) {
+      auto g = composite_backward(queries, keys, values, lens, scale, grads[0], none);
+      return {g[0], g[1], g[2], none, none};
+    }
+    const auto q = queries.contiguous(), k = keys.contiguous(), v = values.contiguous();
+    const auto dout = grads[0].contiguous();
+    auto dq = empty_output_like(q), dk = empty_output_like(k), dv = empty_output_like(v);
+    kernels->backward(q, k, v, lens, scale, saved[4], dout, saved[5], dq, dk, dv);
+    return {dq, dk, dv, none, none};
+  }
+
+  // out and lse of the forward kernel on contiguous bfloat16 q, k, v.
+  static std::tuple<torch::Tensor, torch::Tensor> flash_bf16_forward(const torch::Tensor& q,
+                                                                     const torch::Tensor& k,
+                                                                     const torch::Tensor& v,
+                                                                     const torch::Tensor& lens,
+                                                                     double scale) {
+    const auto* kernels = cpu::dot_product_attention_bf16_kernels();
+    TORCH_INTERNAL_ASSERT(kernels != nullptr, "the bfloat16 flash kernel is not available");
+    auto out = empty_output({q.size(0), q.size(1), v.size(2)}, q.options());
+    auto lse = torch::empty({q.size(0), q.size(1)}, q.options().dtype(torch::kFloat));
+    kernels->forward(q, k, v, lens, scale, out, lse);
+    return {std::move(out), std::move(lse)};
+  }
+};
+
 }  // namespace
+
+torch::Tensor flash_attention_bf16(const torch::Tensor& queries, const torch::Tensor& keys,
+                                   const torch::Tensor& values, const torch::Tensor& valid_lens,
+                                   double scale) {
+  TORCH_INTERNAL_ASSERT(queries.device().is_cpu(), "the flash kernel got ", queries.device());
+  const auto lens = lengths_arg(valid_lens);
+  if (torch::GradMode::is_enabled() &&
+      (queries.requires_grad() || keys.requires_grad() || values.requires_grad())) {
+    return FlashBf16Function::apply(queries, keys, values, lens, scale);
+  }
+  return std::get<0>(FlashBf16Function::flash_bf16_forward(queries.contiguous(), keys.contiguous(),
+                                                          values.contiguous(), lens, scale));
+}
 
 std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& queries,
                                                          const torch::Tensor& keys,

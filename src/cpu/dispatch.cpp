@@ -37,16 +37,28 @@ bool avx512_runnable() {
 #endif
 }
 
+// AVX-512 and AVX512-BF16 (VDPBF16PS, VCVTNE2PS2BF16): the bfloat16 flash
+// kernel's (Note [bfloat16 flash attention]).
+bool avx512_bf16_runnable() {
+#if defined(D2L_HAVE_AVX512_BF16_KERNELS) && (defined(__GNUC__) || defined(__clang__))
+  return avx512_runnable() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 // The widest runnable ISA, capped by D2L_CPU_ISA (an unknown value is ignored:
 // an environment variable must not make the library unusable).
 CpuIsa initial_isa() {
-  CpuIsa cap = CpuIsa::kAvx512;
+  CpuIsa cap = CpuIsa::kAvx512Bf16;
   if (const char* env = std::getenv("D2L_CPU_ISA")) {
-    if (std::strcmp(env, "default") == 0) cap = CpuIsa::kDefault;
-    if (std::strcmp(env, "avx2") == 0) cap = CpuIsa::kAvx2;
+    for (const auto isa : {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      if (to_string(isa) == env) cap = isa;
+    }
   }
-  if (cap == CpuIsa::kAvx512 && avx512_runnable()) return CpuIsa::kAvx512;
-  if (cap != CpuIsa::kDefault && avx2_runnable()) return CpuIsa::kAvx2;
+  for (const auto isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
+    if (isa <= cap && cpu_isa_available(isa)) return isa;
+  }
   return CpuIsa::kDefault;
 }
 
@@ -63,6 +75,7 @@ bool cpu_isa_available(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2: return avx2_runnable();
     case CpuIsa::kAvx512: return avx512_runnable();
+    case CpuIsa::kAvx512Bf16: return avx512_bf16_runnable();
     default: return true;
   }
 }
@@ -79,6 +92,7 @@ std::string to_string(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Bf16: return "avx512_bf16";
     default: return "default";
   }
 }
@@ -86,12 +100,13 @@ std::string to_string(CpuIsa isa) {
 namespace cpu {
 namespace {
 
-// The table of `isa` among the compiled variants (nullptr: not built).
+// The table of `isa` among the compiled variants (nullptr: not built). The
+// float kernels of kAvx512Bf16 are the AVX-512 ones.
 template <typename Table>
 const Table& pick(const Table& (*default_table)(), const Table& (*avx2)(),
                   const Table& (*avx512)()) {
   const CpuIsa isa = cpu_isa();
-  if (isa == CpuIsa::kAvx512 && avx512 != nullptr) return avx512();
+  if (isa >= CpuIsa::kAvx512 && avx512 != nullptr) return avx512();
   if (isa == CpuIsa::kAvx2 && avx2 != nullptr) return avx2();
   return default_table();
 }
@@ -117,6 +132,13 @@ D2L_DEFINE_CPU_DISPATCH(MaskedSoftmaxKernels, masked_softmax_kernels)
 D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(MultiHeadAttentionKernels, multi_head_attention_kernels)
+
+const DotProductAttentionBf16Kernels* dot_product_attention_bf16_kernels() {
+#ifdef D2L_HAVE_AVX512_BF16_KERNELS
+  if (cpu_isa() >= CpuIsa::kAvx512Bf16) return &AVX512_BF16::dot_product_attention_bf16_kernels();
+#endif
+  return nullptr;
+}
 
 }  // namespace cpu
 }  // namespace d2l

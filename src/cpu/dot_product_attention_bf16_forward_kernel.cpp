@@ -1,0 +1,266 @@
+// The bfloat16 flash kernel's forward pass on the CPU: blocks of queries
+// against blocks of keys with an online softmax, the products in VDPBF16PS
+// on bfloat16 pairs and everything else in float. Note [bfloat16 flash
+// attention] in dot_product_attention_bf16_kernel.cpp. Compiled once, for
+// AVX-512 with AVX512-BF16 (src/CMakeLists.txt).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cpu/dot_product_attention_bf16_kernel_parts.h"
+#include "cpu/flash_blocks-inl.h"
+#include "cpu/flash_bf16-inl.h"
+#include "cpu/parallel_runs-inl.h"
+#include "cpu/softmax_row-inl.h"
+#include "cpu/vec_helpers-inl.h"
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using BF16 = c10::BFloat16;
+using V = Vectorized<float>;
+
+// Queries of a block: one register tile of columns, two vectors.
+constexpr int64_t W = kPairTile;
+
+struct Bf16ForwardArgs {
+  Dims s;
+  const BF16* q;
+  // K's rows in pairs of features, ldk = pairs_of(d) a row: the tensor
+  // itself where d is even, else a copy with a zero after each row.
+  const Pair* k;
+  int64_t ldk;
+  // V in pairs of consecutive keys, batch entry b's pair t of feature c at
+  // vp[(b · m2 + t) · dv + c], packed below each entry's longest length.
+  const Pair* vp;
+  int64_t m2;
+  RowLengths lens;
+  float scale;
+  BF16* out;
+  float* lse;
+  int64_t kb;  // the key block: even
+};
+
+// One thread's state for a block of W query rows, held transposed (a query
+// is a column), as the float kernel's Bf16ForwardScratch.
+struct Bf16ForwardScratch {
+  std::unique_ptr<Pair[]> qt;   // Qᵀ of the block in pairs of features (ldk × W)
+  std::unique_ptr<float[]> st;  // Sᵀ of one key block (kb × W)
+  std::unique_ptr<Pair[]> pt;   // Pᵀ in pairs of keys (kb / 2 × W)
+  std::unique_ptr<float[]> ot;  // Oᵀ accumulated (dv × W)
+  std::unique_ptr<Pair[]> ob;   // Oᵀ normalised, rounded, in pairs of features (dv / 2 × W)
+  alignas(64) float limit[W];   // per query: its valid keys in the key block
+  alignas(64) float row_max[W], row_sum[W];
+  int64_t len[W];
+
+  explicit Bf16ForwardScratch(const Bf16ForwardArgs& a)
+      : qt(uninitialized_buffer<Pair>(a.ldk * W)),
+        st(uninitialized_buffer<float>(a.kb * W)),
+        pt(uninitialized_buffer<Pair>(a.kb / 2 * W)),
+        ot(uninitialized_buffer<float>(a.s.dv * W)),
+        ob(uninitialized_buffer<Pair>(pairs_of(a.s.dv) * W)) {}
+};
+
+// Sᵀ = K Qᵀ for keys [j0, j0 + kc), the exponentials relative to each
+// query's running maximum, their sums, and Oᵀ += Vᵀ Pᵀ with Pᵀ rounded to
+// bfloat16 pairs of keys, Oᵀ rescaled where a maximum grew. The masking is
+// the float kernel's (attend_key_block): entries past a query's length are
+// -inf before the maximum and exactly 0 after the exponential.
+void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t j0, int64_t kc,
+                      bool all_valid) {
+  constexpr int64_t S = V::size();
+  const Dims& s = a.s;
+  float* st = w.st.get();
+  gemm_bf16(kc, 1, a.ldk, a.k + (b * s.m + j0) * a.ldk, a.ldk, w.qt.get(), W, 0, st, W, false);
+  // Maxima with max_ps, not at::vec::maximum: a NaN score makes its
+  // exponential NaN and so its row's sum, whether the maximum keeps it or not.
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 max0 = minus_inf, max1 = minus_inf;
+  if (all_valid) {
+    for (int64_t j = 0; j < kc; ++j) {
+      max0 = _mm512_max_ps(max0, _mm512_loadu_ps(st + j * W));
+      max1 = _mm512_max_ps(max1, _mm512_loadu_ps(st + j * W + S));
+    }
+  } else {
+    const __m512 lim0 = _mm512_loadu_ps(w.limit), lim1 = _mm512_loadu_ps(w.limit + S);
+    for (int64_t j = 0; j < kc; ++j) {
+      const __m512 key = _mm512_set1_ps(static_cast<float>(j));
+      const __m512 x0 = _mm512_mask_loadu_ps(minus_inf, _mm512_cmp_ps_mask(key, lim0, _CMP_LT_OQ),
+                                             st + j * W);
+      const __m512 x1 = _mm512_mask_loadu_ps(minus_inf, _mm512_cmp_ps_mask(key, lim1, _CMP_LT_OQ),
+                                             st + j * W + S);
+      _mm512_storeu_ps(st + j * W, x0);
+      _mm512_storeu_ps(st + j * W + S, x1);
+      max0 = _mm512_max_ps(max0, x0);
+      max1 = _mm512_max_ps(max1, x1);
+    }
+  }
+  const V vscale(a.scale);
+  const V old0 = V::loadu(w.row_max), old1 = V::loadu(w.row_max + S);
+  const V new0 = _mm512_max_ps(old0, _mm512_mul_ps(max0, vscale));
+  const V new1 = _mm512_max_ps(old1, _mm512_mul_ps(max1, vscale));
+  const V zero(0.0f), one(1.0f), vminus_inf(minus_inf);
+  const V shift0 = V::blendv(new0, zero, new0 == vminus_inf);
+  const V shift1 = V::blendv(new1, zero, new1 == vminus_inf);
+  const V corr0 = V::blendv(exp_bf16(old0 - shift0), one, old0 == new0);
+  const V corr1 = V::blendv(exp_bf16(old1 - shift1), one, old1 == new1);
+  const V neg0 = zero - shift0, neg1 = zero - shift1;
+  // Two keys at a time: their exponentials, for 2 × 16 queries, make the
+  // pairs of Pᵀ. A last, odd key is paired with a zero.
+  V sum0 = zero, sum1 = zero;
+  Pair* pt = w.pt.get();
+  for (int64_t j = 0; j < kc; j += 2) {
+    const bool second = j + 1 < kc;
+    const V p00 = exp_bf16(at::vec::fmadd(V::loadu(st + j * W), vscale, neg0));
+    const V p01 = exp_bf16(at::vec::fmadd(V::loadu(st + j * W + S), vscale, neg1));
+    const V p10 =
+        second ? V(exp_bf16(at::vec::fmadd(V::loadu(st + (j + 1) * W), vscale, neg0))) : zero;
+    const V p11 =
+        second ? V(exp_bf16(at::vec::fmadd(V::loadu(st + (j + 1) * W + S), vscale, neg1))) : zero;
+    sum0 = sum0 + p00 + p10;
+    sum1 = sum1 + p01 + p11;
+    _mm512_storeu_si512(pt + j / 2 * W, interleave_bf16(p00, p10));
+    _mm512_storeu_si512(pt + j / 2 * W + S, interleave_bf16(p01, p11));
+  }
+  at::vec::fmadd(V::loadu(w.row_sum), corr0, sum0).store(w.row_sum);
+  at::vec::fmadd(V::loadu(w.row_sum + S), corr1, sum1).store(w.row_sum + S);
+  new0.store(w.row_max);
+  new1.store(w.row_max + S);
+  float* ot = w.ot.get();
+  for (int64_t c = 0; c < s.dv; ++c) {
+    (V::loadu(ot + c * W) * corr0).store(ot + c * W);
+    (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
+  }
+  // Oᵀ += Vᵀ Pᵀ: V's pairs of keys read transposed, Pᵀ one tile of queries wide.
+  gemm_bf16<true>(s.dv, 1, pairs_of(kc), a.vp + (b * a.m2 + j0 / 2) * s.dv, s.dv, pt, W, 0, ot, W,
+                  true);
+}
+
+// Query rows [i0, i0 + rows) of batch entry b, rows <= W.
+void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t i0, int64_t rows) {
+  const Dims& s = a.s;
+  const int64_t longest = block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len);
+  std::fill(w.len + rows, w.len + W, 0);
+  const int64_t shortest = *std::min_element(w.len, w.len + rows);
+  transpose_pairs(a.q + (b * s.n + i0) * s.d, rows, s.d, W, w.qt.get());
+  std::fill_n(w.ot.get(), s.dv * W, 0.0f);
+  std::fill_n(w.row_max, W, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.row_sum, W, 0.0f);
+  for (int64_t j0 = 0; j0 < longest; j0 += a.kb) {
+    const int64_t kc = std::min(a.kb, longest - j0);
+    const bool all_valid = rows == W && shortest - j0 >= kc;
+    for (int64_t c = 0; c < W; ++c) {
+      w.limit[c] = static_cast<float>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
+    }
+    attend_key_block(a, w, b, j0, kc, all_valid);
+  }
+  // Oᵀ divided by the sums and rounded a vector of queries at a time, two
+  // features interleaved into pairs (ob: dv / 2 × W pairs), then each query's
+  // row copied out of it a pair at a time.
+  alignas(64) float inv[W];
+  for (int64_t c = 0; c < W; ++c) inv[c] = w.len[c] == 0 ? 0.0f : 1.0f / w.row_sum[c];
+  const __m512 inv0 = _mm512_load_ps(inv), inv1 = _mm512_load_ps(inv + V::size());
+  const float* ot = w.ot.get();
+  Pair* ob = w.ob.get();
+  const auto normalised = [&](int64_t f, int64_t half) {
+    if (f >= s.dv) return _mm512_setzero_ps();
+    return _mm512_mul_ps(_mm512_loadu_ps(ot + f * W + half * V::size()), half ? inv1 : inv0);
+  };
+  for (int64_t f = 0; f < s.dv; f += 2) {
+    for (int64_t half = 0; half < 2; ++half) {
+      _mm512_storeu_si512(ob + f / 2 * W + half * V::size(),
+                          interleave_bf16(normalised(f, half), normalised(f + 1, half)));
+    }
+  }
+  const int64_t whole = s.dv / 2;
+  for (int64_t c = 0; c < rows; ++c) {
+    BF16* out = a.out + (b * s.n + i0 + c) * s.dv;
+    for (int64_t f2 = 0; f2 < whole; ++f2) std::memcpy(out + 2 * f2, ob + f2 * W + c, sizeof(Pair));
+    if (whole * 2 < s.dv) std::memcpy(out + s.dv - 1, ob + whole * W + c, sizeof(BF16));
+    a.lse[b * s.n + i0 + c] = w.len[c] == 0 ? -std::numeric_limits<float>::infinity()
+                                            : w.row_max[c] + std::log(w.row_sum[c]);
+  }
+}
+
+// Batch entry b's keys below `longest` packed as the products read them: V
+// in pairs of consecutive keys (the last one paired with a zero where
+// `longest` is odd: no key past it is read), and K's rows in pairs of
+// features where d is odd.
+void pack_keys(const BF16* k, const BF16* v, const Dims& s, int64_t b, int64_t longest,
+               int64_t m2, int64_t ldk, Pair* vp, Pair* kp) {
+  for (int64_t t = 0; t < pairs_of(longest); ++t) {
+    const BF16* first = v + (b * s.m + 2 * t) * s.dv;
+    pair_rows(first, 2 * t + 1 < longest ? first + s.dv : nullptr, s.dv, vp + (b * m2 + t) * s.dv,
+              s.dv);
+  }
+  if (kp == nullptr) return;
+  for (int64_t j = 0; j < longest; ++j) {
+    const BF16* row = k + (b * s.m + j) * s.d;
+    Pair* out = kp + (b * s.m + j) * ldk;
+    for (int64_t c = 0; c < ldk; ++c) {
+      out[c] = make_pair(row[2 * c], 2 * c + 1 < s.d ? row[2 * c + 1] : BF16(0.0f));
+    }
+  }
+}
+
+}  // namespace
+
+void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::TensorBase& k,
+                                        const at::TensorBase& v, const at::TensorBase& lens,
+                                        double scale, const at::TensorBase& out,
+                                        const at::TensorBase& lse) {
+  const Dims s = dims_of(q, v);
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  const int64_t blocks = div_up(s.n, W);
+  std::vector<int64_t> costs(s.B * blocks), batch_longest(s.B, 0);
+  for (int64_t t = 0; t < s.B * blocks; ++t) {
+    const int64_t b = t / blocks, i0 = t % blocks * W;
+    const int64_t rows = std::min(W, s.n - i0);
+    const int64_t longest = longest_length(row_lens, s, b, i0, rows);
+    batch_longest[b] = std::max(batch_longest[b], longest);
+    costs[t] = (rows * longest + W) * macs_to_grain(s);
+  }
+  const int64_t longest_any =
+      s.B == 0 ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
+  const int64_t ldk = pairs_of(s.d), m2 = pairs_of(s.m);
+  const auto* kd = static_cast<const BF16*>(k.data_ptr());
+  const auto* vd = static_cast<const BF16*>(v.data_ptr());
+  const auto vp = uninitialized_buffer<Pair>(s.B * m2 * s.dv);
+  const auto kp = s.d % 2 == 1 ? uninitialized_buffer<Pair>(s.B * s.m * ldk) : nullptr;
+  at::parallel_for(0, s.B, grain_for(s.m * (s.d + s.dv)), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      pack_keys(kd, vd, s, b, batch_longest[b], m2, ldk, vp.get(), kp.get());
+    }
+  });
+  const Bf16ForwardArgs args{s,
+                         static_cast<const BF16*>(q.data_ptr()),
+                         kp ? kp.get() : reinterpret_cast<const Pair*>(kd),
+                         ldk,
+                         vp.get(),
+                         m2,
+                         row_lens,
+                         static_cast<float>(scale),
+                         static_cast<BF16*>(out.data_ptr()),
+                         lse.data_ptr<float>(),
+                         bf16_key_block(longest_any, 2)};
+  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    std::optional<Bf16ForwardScratch> scratch;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / blocks, i0 = t % blocks * W;
+      if (!scratch) scratch.emplace(args);
+      forward_block(args, *scratch, b, i0, std::min(W, s.n - i0));
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu

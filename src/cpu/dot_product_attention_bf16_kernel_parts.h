@@ -1,0 +1,27 @@
+#pragma once
+
+// The passes that dot_product_attention_bf16_forward_kernel.cpp and
+// dot_product_attention_bf16_backward_kernel.cpp define, in namespace
+// d2l::cpu::AVX512_BF16, for the table in dot_product_attention_bf16_kernel.cpp
+// (as DotProductAttentionBf16Kernels documents them). Included only from
+// those files: the namespace is CPU_CAPABILITY's.
+
+#include <ATen/core/TensorBase.h>
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+
+void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::TensorBase& k,
+                                        const at::TensorBase& v, const at::TensorBase& lens,
+                                        double scale, const at::TensorBase& out,
+                                        const at::TensorBase& lse);
+
+void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::TensorBase& k,
+                                         const at::TensorBase& v, const at::TensorBase& lens,
+                                         double scale, const at::TensorBase& out,
+                                         const at::TensorBase& dout, const at::TensorBase& lse,
+                                         const at::TensorBase& dq, const at::TensorBase& dk,
+                                         const at::TensorBase& dv);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu

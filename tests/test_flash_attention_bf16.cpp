@@ -1,0 +1,354 @@
+// The flash kernel's bfloat16 kernel (Note [bfloat16 flash attention]: VDPBF16PS on bfloat16
+// pairs, float softmax and sums), where the CPU has AVX512-BF16, and bfloat16 widened to float
+// elsewhere: outputs and gradients against the float64 composite path on the same
+// bfloat16-rounded inputs, within bounds stated in units of bfloat16's rounding, under every
+// instruction set (the bfloat16 kernel runs at avx512_bf16, the widened float kernel below it);
+// masks, odd sizes, padding that holds inf and NaN, threads, dropout, the widened path forced,
+// explain_path and mixed dtypes.
+
+#include <d2l/backend.h>
+#include <d2l/dot_product_attention.h>
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "checks.h"
+#include "flash_helpers.h"
+#include "fused_helpers.h"
+#include "test_utils.h"
+
+namespace {
+
+using d2l::AttentionBackend;
+using d2l::testing::attend;
+using d2l::testing::on_one_thread;
+using d2l::testing::Sizes;
+using d2l::testing::value_and_grads;
+namespace F = d2l::functional;
+
+/// bfloat16's unit roundoff: 8 significant bits, so rounding to nearest is
+/// within 2^-8 of a value, relative.
+constexpr double kUnit = 0x1p-8;
+
+class FlashBf16 : public d2l::testing::Fused {};
+
+bool bf16_kernel_in_use() { return d2l::cpu_isa() >= d2l::CpuIsa::kAvx512Bf16; }
+
+// max |x - exact| / max |exact| over the whole tensor (absolute where exact
+// is all zeros): the error of a result in units of its own size, so that a
+// bound in units of kUnit reads as "so many roundings of bfloat16".
+double normwise_error(const torch::Tensor& x, const torch::Tensor& exact) {
+  const auto e = exact.to(torch::kDouble);
+  const double scale = std::max(e.abs().max().item<double>(), 1e-30);
+  const double error = (x.to(torch::kDouble) - e).abs().max().item<double>();
+  return e.abs().max().item<double>() == 0 ? error : error / scale;
+}
+
+// Output and the q, k, v gradients for an upstream gradient G on `path`;
+// values in double for the oracle.
+std::vector<torch::Tensor> run(const std::vector<torch::Tensor>& qkv, const torch::Tensor& lens,
+                               AttentionBackend path, const torch::Tensor& G) {
+  return value_and_grads([&](const auto& x) { return attend(x, lens, path); }, qkv, G);
+}
+
+std::vector<torch::Tensor> rounded(const std::vector<torch::Tensor>& qkv) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : qkv) out.push_back(t.to(torch::kBFloat16));
+  return out;
+}
+
+std::vector<torch::Tensor> widened(const std::vector<torch::Tensor>& qkv) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : qkv) out.push_back(t.to(torch::kDouble));
+  return out;
+}
+
+// The bounds the tests assert, in units of kUnit, for the output and the
+// gradients of q, k and v (normwise_error). What bfloat16 allows: each
+// result is rounded once (at most 1 unit), and the bfloat16 kernel also
+// rounds P before P V, and P and dS before the gradients' products, whose
+// float sums add those roundings with random signs: of L terms, about
+// sqrt(L) roundings of terms about sqrt(L) times smaller than the result,
+// so a unit or so whatever L is (a worst case of c·L units would need every
+// rounding to go one way). dQ = dS K sums terms whose dS add up to zero in
+// each row: it is smaller than its terms, most of all with few features,
+// and its error larger in its units. Measured on the cases below
+// (avx512_bf16, AMD EPYC Zen 5, 2026-11-27): output up to 0.70 units, dQ
+// 2.67 (d = 1; 1.46 at d = 64), dK 1.40, dV 1.34; the widened float kernel
+// 0.82, 0.94, 0.76, 0.81 (its one rounding of each result). The bounds
+// asserted are about twice those.
+struct Bounds {
+  double out, dq, dk, dv;
+};
+constexpr Bounds kBf16Kernel{1.5, 6, 3, 3};
+constexpr Bounds kWidened{1.5, 2, 1.5, 1.5};
+
+// Sizes around the bfloat16 kernel's blocks (32 queries forward, 48
+// backward; key blocks of up to 128, pairs of keys, queries and features):
+// the fewest queries it takes (11), one past a block, odd n, m, d and dv
+// (pairs completed with zeros), one feature, several key blocks.
+const std::vector<Sizes> kCases = {{2, 11, 16, 8, 8},     {2, 33, 45, 7, 9},   {3, 49, 130, 33, 17},
+                                   {2, 50, 257, 1, 3},    {2, 128, 513, 64, 64},
+                                   {1, 300, 1100, 64, 64}};
+
+std::vector<torch::Tensor> lengths_for(const Sizes& c) {
+  return {torch::Tensor(),                        // every key valid
+          torch::randint(0, c.m + 3, {c.B}),      // zeros, below, at and above m
+          torch::randint(0, c.m + 3, {c.B, c.n}),  // per query
+          torch::full({c.B}, c.m, torch::kLong)};
+}
+
+TEST_P(FlashBf16, MatchesFloat64OracleWithinBf16Bounds) {
+  torch::manual_seed(61);
+  const Bounds bounds = bf16_kernel_in_use() ? kBf16Kernel : kWidened;
+  for (const auto& c : kCases) {
+    // Inputs rounded to bfloat16 first: the oracle sees the same numbers.
+    const auto qkv = rounded({torch::randn({c.B, c.n, c.d}, torch::kDouble) * 1.5,
+                              torch::randn({c.B, c.m, c.d}, torch::kDouble),
+                              torch::randn({c.B, c.m, c.dv}, torch::kDouble)});
+    const auto G = torch::randn({c.B, c.n, c.dv}, torch::kDouble).to(torch::kBFloat16);
+    const auto lens = lengths_for(c);
+    for (size_t l = 0; l < lens.size(); ++l) {
+      const auto what = fmt::format("B={} n={} m={} d={} dv={} lens#{}", c.B, c.n, c.m, c.d, c.dv, l);
+      const auto options = F::DotProductAttentionFuncOptions().valid_lens(lens[l]).need_weights(false);
+      EXPECT_EQ(d2l::explain_path(qkv[0], qkv[1], qkv[2], options).path,
+                bf16_kernel_in_use() ? "flash_bf16" : "flash")
+          << what;
+      const auto ours = run(qkv, lens[l], AttentionBackend::kFused, G);
+      const auto exact = on_one_thread(
+          [&] { return run(widened(qkv), lens[l], AttentionBackend::kComposite, G.to(torch::kDouble)); });
+      const double limits[] = {bounds.out, bounds.dq, bounds.dk, bounds.dv};
+      const char* names[] = {"output", "dQ", "dK", "dV"};
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(ours[i].scalar_type(), torch::kBFloat16) << what << " " << names[i];
+        EXPECT_FALSE(ours[i].isnan().any().item<bool>()) << what << " " << names[i];
+        EXPECT_LE(normwise_error(ours[i], exact[i]), limits[i] * kUnit)
+            << what << " " << names[i] << ": "
+            << normwise_error(ours[i], exact[i]) / kUnit << " units";
+      }
+    }
+  }
+}
+
+// Where the bfloat16 kernel runs, the widened float kernel (the instruction
+// set capped at avx512) gives the same numbers within both bounds.
+TEST_P(FlashBf16, WidenedPathForcedAgrees) {
+  if (!bf16_kernel_in_use()) GTEST_SKIP() << "the bfloat16 kernel does not run at this level";
+  torch::manual_seed(62);
+  const Sizes c{3, 70, 300, 40, 24};
+  const auto qkv = rounded({torch::randn({c.B, c.n, c.d}, torch::kDouble),
+                            torch::randn({c.B, c.m, c.d}, torch::kDouble),
+                            torch::randn({c.B, c.m, c.dv}, torch::kDouble)});
+  const auto G = torch::randn({c.B, c.n, c.dv}).to(torch::kBFloat16);
+  const auto lens = torch::tensor({300, 0, 171});
+  const auto ours = run(qkv, lens, AttentionBackend::kFused, G);
+  const auto saved = d2l::cpu_isa();
+  d2l::set_cpu_isa(d2l::CpuIsa::kAvx512);
+  const auto explained = d2l::explain_path(
+      qkv[0], qkv[1], qkv[2], F::DotProductAttentionFuncOptions().valid_lens(lens).need_weights(false));
+  const auto wide = run(qkv, lens, AttentionBackend::kFused, G);
+  d2l::set_cpu_isa(saved);
+  EXPECT_EQ(explained.path, "flash");
+  ASSERT_EQ(explained.reasons.size(), 1u);
+  EXPECT_EQ(explained.reasons[0],
+            "flash_bf16: the kernels' instruction set is avx512 (D2L_CPU_ISA or d2l::set_cpu_isa; "
+            "the bfloat16 kernel needs avx512_bf16); bfloat16 is widened to float");
+  const double limits[] = {kBf16Kernel.out + kWidened.out, kBf16Kernel.dq + kWidened.dq,
+                           kBf16Kernel.dk + kWidened.dk, kBf16Kernel.dv + kWidened.dv};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_LE(normwise_error(ours[i], wide[i]), limits[i] * kUnit) << "result " << i;
+  }
+}
+
+// inf and NaN stored in keys and values past every query's length (odd
+// lengths: the last pair of keys is completed with a zero, not with the next
+// key) reach no result: the same bits as with clean padding, on 1 and 2
+// threads (dQ's sums have a fixed order in this kernel), and rows with no
+// valid key give zeros.
+TEST_P(FlashBf16, NonFinitePaddingStaysClean) {
+  torch::manual_seed(63);
+  const int64_t B = 3, n = 40, m = 300, d = 9, dv = 5;
+  const auto q = torch::randn({B, n, d}).to(torch::kBFloat16);
+  const auto k = torch::randn({B, m, d}).to(torch::kBFloat16);
+  const auto v = torch::randn({B, m, dv}).to(torch::kBFloat16);
+  const auto per_query = torch::randint(0, 38, {B, n}).index_put_({1, 0}, 37);
+  for (const auto& lens : {torch::tensor({0, 37, 261}), per_query}) {
+    auto k_bad = k.clone(), v_bad = v.clone();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t from = lens.dim() == 1 ? lens[b].item<int64_t>() : lens[b].max().item<int64_t>();
+      k_bad[b].narrow(0, from, m - from).fill_(b % 2 ? std::numeric_limits<float>::infinity()
+                                                     : std::numeric_limits<float>::quiet_NaN());
+      v_bad[b].narrow(0, from, m - from).fill_(b % 2 ? std::numeric_limits<float>::quiet_NaN()
+                                                     : -std::numeric_limits<float>::infinity());
+    }
+    const int saved = at::get_num_threads();
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      const auto G = torch::ones({B, n, dv}, torch::kBFloat16);
+      const auto clean = run({q, k, v}, lens, AttentionBackend::kFused, G);
+      const auto dirty = run({q, k_bad, v_bad}, lens, AttentionBackend::kFused, G);
+      for (size_t i = 0; i < clean.size(); ++i) {
+        EXPECT_TRUE(torch::equal(clean[i], dirty[i]))
+            << "result " << i << ", lengths " << lens.dim() << "-D, threads " << threads;
+        EXPECT_FALSE(dirty[i].isnan().any().item<bool>()) << "result " << i;
+      }
+      if (lens.dim() == 1) {
+        EXPECT_EQ(clean[0][0].abs().sum().item<float>(), 0);  // no valid key: zeros
+        EXPECT_EQ(clean[1][0].abs().sum().item<float>(), 0);
+      }
+    }
+    at::set_num_threads(saved);
+  }
+}
+
+// The bfloat16 kernel sums dQ in an order the work split fixes: two calls at
+// 2 threads give the same bits (the float kernel does so with deterministic
+// algorithms on: test_flash_attention_numerics.cpp), and 1 and 2 threads
+// agree within rounding on either kernel.
+TEST_P(FlashBf16, SameBitsFromCallToCall) {
+  torch::manual_seed(64);
+  const auto qkv = rounded({torch::randn({1, 151, 64}), torch::randn({1, 411, 64}),
+                            torch::randn({1, 411, 64})});
+  const auto G = torch::randn({1, 151, 64}).to(torch::kBFloat16);
+  const auto lens = torch::tensor({400});
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto first = run(qkv, lens, AttentionBackend::kFused, G);
+  const auto second = run(qkv, lens, AttentionBackend::kFused, G);
+  at::set_num_threads(1);
+  const auto one = run(qkv, lens, AttentionBackend::kFused, G);
+  at::set_num_threads(saved);
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (bf16_kernel_in_use()) EXPECT_TRUE(torch::equal(first[i], second[i])) << "result " << i;
+    EXPECT_LE(normwise_error(one[i], first[i]), 2 * kUnit) << "result " << i;
+  }
+}
+
+// Non-contiguous bfloat16 views run as their contiguous copies.
+TEST_P(FlashBf16, NonContiguousInputs) {
+  torch::manual_seed(65);
+  const auto q = torch::randn({40, 3, 24}).to(torch::kBFloat16).permute({1, 0, 2}).narrow(2, 0, 11);
+  const auto k = torch::randn({3, 11, 200}).to(torch::kBFloat16).transpose(1, 2);
+  const auto v = torch::randn({3, 200, 12}).to(torch::kBFloat16).narrow(2, 2, 6);
+  ASSERT_FALSE(q.is_contiguous() || k.is_contiguous() || v.is_contiguous());
+  const auto lens = torch::tensor({200, 3, 120});
+  const auto G = torch::randn({3, 40, 6}).to(torch::kBFloat16);
+  const auto views = run({q, k, v}, lens, AttentionBackend::kFused, G);
+  const auto copies = run({q.contiguous(), k.contiguous(), v.contiguous()}, lens,
+                          AttentionBackend::kFused, G);
+  for (size_t i = 0; i < views.size(); ++i) {
+    EXPECT_TRUE(torch::equal(views[i], copies[i])) << "result " << i;
+  }
+}
+
+// A double backward recomputes with ATen ops in bfloat16, as the float
+// kernel's does: close to the float64 second derivatives.
+TEST_P(FlashBf16, DoubleBackwardRunsOnAtenOps) {
+  torch::manual_seed(66);
+  const auto qkv = rounded({torch::randn({2, 20, 6}), torch::randn({2, 24, 6}),
+                            torch::randn({2, 24, 3})});
+  const auto lens = torch::tensor({{24}, {9}}).expand({2, 20});
+  auto second_order = [&](const std::vector<torch::Tensor>& x, AttentionBackend path) {
+    std::vector<torch::Tensor> in;
+    for (const auto& t : x) in.push_back(t.clone().requires_grad_());
+    const auto y = attend(in, lens, path);
+    const auto g = torch::autograd::grad({(y * y).sum()}, in, {}, true, true);
+    return torch::autograd::grad({g[0].pow(2).sum() + g[1].pow(2).sum() + g[2].pow(2).sum()}, in);
+  };
+  const auto ours = second_order(qkv, AttentionBackend::kFused);
+  const auto exact = second_order(widened(qkv), AttentionBackend::kComposite);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(ours[i].scalar_type(), torch::kBFloat16);
+    EXPECT_LT(normwise_error(ours[i], exact[i]), 0.05) << "input " << i;
+  }
+}
+
+// Dropout in training is drawn on the weights, so bfloat16 takes the fused
+// softmax path there, with the composite path's random stream: the same
+// numbers for the same seed.
+TEST_P(FlashBf16, DropoutInTrainingRunsTheSoftmaxPathWithTheSameStream) {
+  torch::manual_seed(67);
+  const auto qkv = rounded({torch::randn({2, 32, 16}), torch::randn({2, 50, 16}),
+                            torch::randn({2, 50, 8})});
+  const auto lens = torch::tensor({50, 17});
+  const auto call = [&](AttentionBackend path) {
+    return F::DotProductAttentionFuncOptions().valid_lens(lens).dropout(0.3).training(true).backend(
+        path);
+  };
+  const auto explained = d2l::explain_path(qkv[0], qkv[1], qkv[2], call(AttentionBackend::kFused));
+  EXPECT_EQ(explained.path, "fused_softmax");
+  EXPECT_EQ(explained.reasons,
+            std::vector<std::string>{"flash: dropout 0.3 in training (no dropout in the kernel)"});
+  torch::manual_seed(5);
+  const auto fused = std::get<0>(F::dot_product_attention(qkv[0], qkv[1], qkv[2], call(AttentionBackend::kFused)));
+  torch::manual_seed(5);
+  const auto composite =
+      std::get<0>(F::dot_product_attention(qkv[0], qkv[1], qkv[2], call(AttentionBackend::kComposite)));
+  EXPECT_LE(normwise_error(fused, composite), 2 * kUnit);
+}
+
+// explain_path names the kernel that runs, and why bfloat16 runs widened.
+TEST_P(FlashBf16, ExplainPathSaysWhichKernel) {
+  const auto q = torch::randn({2, 20, 8}).to(torch::kBFloat16);
+  const auto k = torch::randn({2, 30, 8}).to(torch::kBFloat16);
+  const auto explain = [&](const torch::Tensor& queries, bool weights) {
+    return d2l::explain_path(queries, k, k,
+                             F::DotProductAttentionFuncOptions().need_weights(weights));
+  };
+  const std::string widened_suffix = "; bfloat16 is widened to float";
+  if (!bf16_kernel_in_use()) {
+    const auto e = explain(q, false);
+    EXPECT_EQ(e.path, "flash");
+    ASSERT_EQ(e.reasons.size(), 1u);
+    EXPECT_THAT(e.reasons[0], ::testing::StartsWith("flash_bf16: "));
+    EXPECT_THAT(e.reasons[0], ::testing::EndsWith(widened_suffix));
+    return;
+  }
+  EXPECT_EQ(explain(q, false).path, "flash_bf16");
+  EXPECT_TRUE(explain(q, false).reasons.empty());
+  EXPECT_EQ(explain(q, true).reasons,
+            std::vector<std::string>{"flash_bf16: attention weights asked for (the bfloat16 "
+                                     "kernel writes none)" + widened_suffix});
+  EXPECT_EQ(explain(q.narrow(1, 0, 10), false).reasons,
+            std::vector<std::string>{"flash_bf16: 10 queries a batch entry (below 11 they run "
+                                     "row by row)" + widened_suffix});
+  EXPECT_EQ(explain(q.narrow(1, 0, 10), false).path, "flash");
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, FlashBf16, ::testing::ValuesIn(d2l::testing::all_isas()),
+                         [](const auto& info) { return d2l::to_string(info.param); });
+
+// float16 has no kernel of its own: widened to float, and explain_path says so.
+TEST(FlashReducedPrecision, Float16IsWidenedAndSaysSo) {
+  if (!d2l::detail::cpu_float16_matmul_available()) {
+    GTEST_SKIP() << "this LibTorch refuses float16 attention on the CPU "
+                    "(ReliabilityLayouts.Float16OnTheCpuWorksOrIsRefusedWithAdvice)";
+  }
+  const auto q = torch::randn({2, 20, 8}).to(torch::kHalf);
+  const auto explained =
+      d2l::explain_path(q, q, q, F::DotProductAttentionFuncOptions().need_weights(false));
+  EXPECT_EQ(explained.path, "flash");
+  EXPECT_EQ(explained.reasons,
+            std::vector<std::string>{"flash_fp16: no float16 kernel (AVX512-FP16 and AMX-FP16 are "
+                                     "not used); float16 is widened to float"});
+}
+
+// Mixed dtypes are an error naming the arguments, never a silent conversion.
+TEST(FlashReducedPrecision, MixedDtypesAreAnErrorNamingTheArguments) {
+  const auto q = torch::randn({2, 20, 8}).to(torch::kBFloat16);
+  const auto k = torch::randn({2, 30, 8});
+  EXPECT_THAT(d2l::testing::error_message([&] { attend({q, k, k}, {}, AttentionBackend::kAuto); }),
+              ::testing::HasSubstr("d2l::dot_product_attention: keys must have the same dtype as "
+                                   "queries (BFloat16), got Float"));
+  EXPECT_THAT(d2l::testing::error_message(
+                  [&] { attend({q, k.to(torch::kBFloat16), k}, {}, AttentionBackend::kAuto); }),
+              ::testing::HasSubstr("d2l::dot_product_attention: values must have the same dtype as "
+                                   "queries (BFloat16), got Float"));
+}
+
+}  // namespace
