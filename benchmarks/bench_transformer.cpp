@@ -11,6 +11,9 @@
 //   the causal mask: ours (`d2l`, as the decoder calls it, recording the
 //   weights; `d2l_composite`, the book's ops), and LibTorch's
 //   torch::nn::MultiheadAttention with the same mask as -inf (`torch_nn`).
+//   `mha_bf16/<impl>/...`: the same in bfloat16 (modules and input converted),
+//   with `d2l_sdpa` (AttentionBackend::kSdpa: SDPA per head) where LibTorch
+//   has SDPA.
 // - mha_size/d2l/h:H/n:N/fwd_bwd/threads:1: multi-head self-attention by
 //   size (n = m = N, 4 heads of H / 4 features).
 // - decode/batch:B/threads:1: greedy decoding with the book's Transformer
@@ -122,21 +125,31 @@ void causal_cases(int threads) {
   }
 }
 
-void mha_cases(int threads) {
+void mha_cases(int threads, torch::Dtype dtype) {
   constexpr int64_t B = 64, n = 10, h = 32, heads = 4;
-  const auto make_input = [] {
+  const std::string group = dtype == torch::kBFloat16 ? "mha_bf16" : "mha";
+  const auto make_input = [dtype] {
     torch::manual_seed(1);
-    return std::make_shared<Leaves>(std::vector<torch::Tensor>{torch::randn({B, n, h})});
+    return std::make_shared<Leaves>(
+        std::vector<torch::Tensor>{torch::randn({B, n, h}).to(dtype)});
   };
   const auto dec_valid_lens = torch::arange(1, n + 1).repeat({B, 1});
-  for (const auto backend : {d2l::AttentionBackend::kAuto, d2l::AttentionBackend::kComposite}) {
-    const std::string impl = backend == d2l::AttentionBackend::kAuto ? "d2l" : "d2l_composite";
+  std::vector<std::pair<d2l::AttentionBackend, std::string>> backends = {
+      {d2l::AttentionBackend::kAuto, "d2l"}, {d2l::AttentionBackend::kComposite, "d2l_composite"}};
+#if D2L_HAS_SDPA
+  if (dtype == torch::kBFloat16) backends.emplace_back(d2l::AttentionBackend::kSdpa, "d2l_sdpa");
+#endif
+  for (const auto& [backend, impl] : backends) {
     for (const bool grad : {false, true}) {
-      register_case(fmt::format("mha/{}/{}/threads:{}", impl, grad ? "fwd_bwd" : "fwd", threads),
-                    threads, grad, [=] {
+      register_case(fmt::format("{}/{}/{}/threads:{}", group, impl, grad ? "fwd_bwd" : "fwd",
+                                threads),
+                    threads, grad, [=, backend = backend] {
                       auto x = make_input();
                       d2l::MultiHeadAttention attention(
-                          d2l::MultiHeadAttentionOptions(h, h, h, h, heads).backend(backend));
+                          d2l::MultiHeadAttentionOptions(h, h, h, h, heads)
+                              .backend(backend)
+                              .need_weights(backend != d2l::AttentionBackend::kSdpa));
+                      attention->to(dtype);
                       attention->train();  // dropout 0, as the decoder in training
                       return backward_of(
                           [=]() mutable {
@@ -149,16 +162,18 @@ void mha_cases(int threads) {
   }
   for (const bool grad : {false, true}) {
     register_case(
-        fmt::format("mha/torch_nn/{}/threads:{}", grad ? "fwd_bwd" : "fwd", threads), threads,
-        grad, [=] {
+        fmt::format("{}/torch_nn/{}/threads:{}", group, grad ? "fwd_bwd" : "fwd", threads),
+        threads, grad, [=] {
           torch::manual_seed(1);
           // LibTorch's layout is (L, N, E): the input is made so.
-          auto x = std::make_shared<Leaves>(std::vector<torch::Tensor>{torch::randn({n, B, h})});
+          auto x = std::make_shared<Leaves>(
+              std::vector<torch::Tensor>{torch::randn({n, B, h}).to(dtype)});
           torch::nn::MultiheadAttention attention(
               torch::nn::MultiheadAttentionOptions(h, heads).bias(false));
+          attention->to(dtype);
           attention->train();
-          const auto mask =
-              torch::zeros({n, n}).masked_fill(torch::ones({n, n}, torch::kBool).triu(1), -INFINITY);
+          const auto mask = torch::zeros({n, n}, dtype).masked_fill(
+              torch::ones({n, n}, torch::kBool).triu(1), -INFINITY);
           return backward_of(
               [=]() mutable {
                 const auto& t = x->tensors[0];
@@ -240,7 +255,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
   for (const int threads : {1, 2}) {
     causal_cases(threads);
-    mha_cases(threads);
+    mha_cases(threads, torch::kFloat);
+    mha_cases(threads, torch::kBFloat16);
     if (threads == 1) {
       mha_size_cases(threads);
       decode_cases(threads);

@@ -4,11 +4,13 @@
     python3 benchmarks/transformer_table.py build-torch2/bench-transformer.json [--out report.md]
 
 Reads Google Benchmark JSON from benchmarks/bench_transformer (names
-`causal/<mask>/<pass>/threads:<N>` and `mha/<impl>/<pass>/threads:<N>`), takes the median
+`causal/<mask>/<pass>/threads:<N>`, `mha/<impl>/<pass>/threads:<N>` and `mha_bf16/...`), takes
+the median
 aggregate (or the median of the iteration rows) and prints, per thread count, the medians and
 the ratios measured in the same process: causal self-attention against the same kernel
 unmasked (the issue's goal: at most 0.55) and against SDPA with is_causal; multi-head attention
-against torch::nn::MultiheadAttention and against the book's composite ops. The machine, date
+against torch::nn::MultiheadAttention and against the book's composite ops, in float32 and in
+bfloat16 (beside our float32 and, where LibTorch has it, SDPA per head). The machine, date
 and command head the report. Standard library only.
 """
 
@@ -26,7 +28,7 @@ def read(paths):
         with open(path) as f:
             context = json.load(f).get("context", context)
     for parts, row, seconds in benchmark_rows(paths):
-        if len(parts) < 4 or parts[0] not in ("causal", "mha"):
+        if len(parts) < 4 or parts[0] not in ("causal", "mha", "mha_bf16"):
             continue
         keyed.append(((parts[0], parts[1], parts[2], int(parts[3].split(":")[1])), row, seconds))
     return medians(keyed), context
@@ -63,6 +65,20 @@ def tables(medians):
             ours, book, torch_nn = (get("mha", m, p) for m in ("d2l", "d2l_composite", "torch_nn"))
             out.append(f"| {p} | {ms(ours)} | {ms(book)} | {ms(torch_nn)} "
                        f"| {ratio(ours, torch_nn)} | {ratio(ours, book)} |")
+        if not any(k[0] == "mha_bf16" and k[3] == threads for k in medians):
+            continue
+        out.append(f"\n**The same in bfloat16** (modules and input converted), {threads} "
+                   f"thread(s), medians:\n")
+        out.append("| pass | d2l bf16 (kAuto) | d2l bf16 (book's ops) | d2l bf16 (SDPA per head) "
+                   "| torch::nn bf16 | d2l fp32 | d2l bf16 / torch::nn bf16 "
+                   "| d2l bf16 / book's ops bf16 | d2l bf16 / d2l fp32 |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for p in ("fwd", "fwd_bwd"):
+            ours, book, sdpa, torch_nn = (get("mha_bf16", m, p)
+                                          for m in ("d2l", "d2l_composite", "d2l_sdpa", "torch_nn"))
+            fp32 = get("mha", "d2l", p)
+            out.append(f"| {p} | {ms(ours)} | {ms(book)} | {ms(sdpa)} | {ms(torch_nn)} | {ms(fp32)} "
+                       f"| {ratio(ours, torch_nn)} | {ratio(ours, book)} | {ratio(ours, fp32)} |")
     return "\n".join(out) + "\n"
 
 

@@ -100,7 +100,10 @@ std::tuple<torch::Tensor, torch::Tensor> small_heads_cached(const MultiHeadAtten
     lens = lens.numel() > 0 ? lens.clamp_max(held)
                             : torch::full({queries.size(0)}, held, torch::kLong);
   }
-  const auto q = detail::linear(queries, m.W_q->weight, m.W_q->bias, backend).contiguous();
+  // bfloat16 runs the heads in float, as the node does (Note [Small heads]).
+  const auto q = detail::compute_type(detail::linear(queries, m.W_q->weight, m.W_q->bias, backend));
+  keys = detail::compute_type(keys);
+  values = detail::compute_type(values);
   const int64_t batch = queries.size(0), n = queries.size(1), h = q.size(2);
   const auto options = q.options();
   const auto noise = drop ? detail::dropout_noise({batch * heads, n, capacity}, p, options)
@@ -110,8 +113,11 @@ std::tuple<torch::Tensor, torch::Tensor> small_heads_cached(const MultiHeadAtten
   const double scale = 1.0 / std::sqrt(static_cast<double>(h / heads));
   cpu::multi_head_attention_kernels().forward(q, keys, values, lens, noise, heads, scale, weights,
                                               joined);
-  auto out = detail::linear(joined, m.W_o->weight, m.W_o->bias, backend);
+  const auto type = queries.scalar_type();
+  auto out =
+      detail::linear(detail::as_dtype(joined, type), m.W_o->weight, m.W_o->bias, backend);
   if (!need_weights) return {std::move(out), torch::Tensor()};
+  weights = detail::as_dtype(weights, type);
   return {std::move(out), capacity == held ? weights : weights.narrow(2, 0, held)};
 }
 

@@ -304,8 +304,10 @@ std::string why_not_small_heads(const MultiHeadParams& p) {
   }
   if (p.mask.allowed.defined()) return p.mask.general_because + " (the kernels mask by lengths)";
   const auto type = queries.scalar_type();
-  if (type != torch::kFloat && type != torch::kDouble) {
-    return fmt::format("dtype {} (the kernels run in float or double)", c10::toString(type));
+  if (type != torch::kFloat && type != torch::kDouble && type != torch::kBFloat16) {
+    return fmt::format(
+        "dtype {} (the node runs in float, double, or bfloat16 with float heads)",
+        c10::toString(type));
   }
   const int64_t n = queries.size(1), m = p.keys.size(1), d = p.head_features;
   if (queries.size(0) == 0 || n == 0 || m == 0) return "a size is zero";

@@ -84,14 +84,8 @@ TEST(ExplainPathMultiHead, DecisionTableOnTheCpu) {
                     true,
                     "fused_softmax",
                     {kWide, kDropout}});
-    rows.push_back({"bfloat16",
-                    backend,
-                    10,
-                    32,
-                    torch::kBFloat16,
-                    false,
-                    "flash",
-                    {"small_heads: dtype BFloat16 (the kernels run in float or double)"}});
+    rows.push_back(
+        {"bfloat16", backend, 10, 32, torch::kBFloat16, false, "small_heads", {}});
   }
   rows.push_back({"composite",
                   AttentionBackend::kComposite,

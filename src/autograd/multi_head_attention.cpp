@@ -38,22 +38,29 @@ struct ForwardPass {
 };
 
 // Biases are empty tensors when absent; `lens` as lengths_arg makes it.
+// In bfloat16 the four projections run in bfloat16 (ATen's matrix products,
+// which use the CPU's bfloat16 instructions or tiles) and the heads in float:
+// q, k and v are widened once, the weights and noise stay float, and the
+// heads' output is rounded to bfloat16 once, for the output projection
+// (Note [Small heads], bfloat16). Then q, k, v, weights and noise are in
+// the kernels' type and `joined` in the input's.
 ForwardPass forward_pass(const torch::Tensor& queries, const torch::Tensor& keys,
                          const torch::Tensor& values, const MultiHeadWeights& w,
                          const torch::Tensor& lens, int64_t heads, double p, bool training) {
   ForwardPass r;
-  r.q = project(queries, w.W_q, w.b_q);
-  r.k = project(keys, w.W_k, w.b_k);
-  r.v = project(values, w.W_v, w.b_v);
+  r.q = compute_type(project(queries, w.W_q, w.b_q));
+  r.k = compute_type(project(keys, w.W_k, w.b_k));
+  r.v = compute_type(project(values, w.W_v, w.b_v));
   const int64_t batch = queries.size(0), n = queries.size(1), m = keys.size(1);
   const int64_t h = w.W_q.size(0);
   const auto options = r.q.options();
   r.noise = training && p > 0 ? dropout_noise({batch * heads, n, m}, p, options)
                               : torch::empty({0}, options);
   r.weights = empty_output({batch * heads, n, m}, options);
-  r.joined = torch::empty({batch, n, h}, options);
+  const auto joined = torch::empty({batch, n, h}, options);
   cpu::multi_head_attention_kernels().forward(r.q, r.k, r.v, lens, r.noise, heads,
-                                              head_scale(h, heads), r.weights, r.joined);
+                                              head_scale(h, heads), r.weights, joined);
+  r.joined = as_dtype(joined, queries.scalar_type());
   r.out = project(r.joined, w.W_o, w.b_o);
   return r;
 }
@@ -115,7 +122,7 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
     ctx->saved_data["self"] = queries.is_same(keys) && keys.is_same(values);
     ctx->set_materialize_grads(false);
     tensor_list outputs{r.out};
-    if (need_weights) outputs.push_back(r.weights);
+    if (need_weights) outputs.push_back(as_dtype(r.weights, queries.scalar_type()));
     return outputs;
   }
 
@@ -136,11 +143,13 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
                &v = saved[kInputs + 2], &joined = saved[kInputs + 3], &noise = saved[kInputs + 4],
                &weights = saved[kInputs + 5];
     const int64_t batch = queries.size(0), n = queries.size(1), h = w.W_o.size(0);
+    // dout2, djoined and the projections' gradients in the input's type;
+    // the heads' gradients in the kernels' (forward_pass).
     const auto dout2 = dout.defined() ? dout.reshape({batch * n, h}).contiguous()
-                                      : torch::zeros({batch * n, h}, q.options());
+                                      : torch::zeros({batch * n, h}, joined.options());
     if (needs(kWo)) result[kWo] = dout2.t().mm(joined.view({batch * n, h}));
     if (needs(kBo) && w.b_o.numel() > 0) result[kBo] = dout2.sum(0);
-    const auto djoined = mm_over_threads(dout2, w.W_o).view({batch, n, h});
+    const auto djoined = compute_type(mm_over_threads(dout2, w.W_o).view({batch, n, h}));
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
     cpu::multi_head_attention_kernels().backward(
         q, k, v, lens, noise, heads, head_scale(h, heads), weights, djoined,
@@ -154,7 +163,7 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
     for (const auto& pr : projections) {
       const auto& x = saved[pr.x];
       const auto& W = saved[pr.W];
-      const auto g = pr.grad.view({-1, h});
+      const auto g = as_dtype(pr.grad, x.scalar_type()).view({-1, h});
       if (needs(pr.W)) result[pr.W] = g.t().mm(x.reshape({-1, W.size(1)}));
       if (needs(pr.b) && saved[pr.b].numel() > 0) result[pr.b] = g.sum(0);
       if (!needs(pr.x)) continue;

@@ -44,7 +44,10 @@
 // row sees get zero gradients. A head's weights are held whole for the
 // backward, so the caller keeps these kernels to small heads (small_heads in
 // select.h, with the measurements that chose it); larger
-// heads go to the flash kernel.
+// heads go to the flash kernel. In bfloat16 the node
+// (autograd/multi_head_attention.cpp) projects in bfloat16 and hands these
+// kernels float: the projections widened once, the heads' output rounded
+// once on its way to the output projection (docs/kernels.md).
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
