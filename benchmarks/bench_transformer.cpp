@@ -11,9 +11,7 @@
 //   the causal mask: ours (`d2l`, as the decoder calls it, recording the
 //   weights; `d2l_composite`, the book's ops), and LibTorch's
 //   torch::nn::MultiheadAttention with the same mask as -inf (`torch_nn`).
-//   `mha_bf16/<impl>/...`: the same in bfloat16 (modules and input converted),
-//   with `d2l_sdpa` (AttentionBackend::kSdpa: SDPA per head) where LibTorch
-//   has SDPA.
+//   `mha_bf16/<impl>/...`: the same in bfloat16 (modules and input converted).
 // - mha_size/d2l/h:H/n:N/fwd_bwd/threads:1: multi-head self-attention by
 //   size (n = m = N, 4 heads of H / 4 features).
 // - decode/batch:B/threads:1: greedy decoding with the book's Transformer
@@ -136,9 +134,6 @@ void mha_cases(int threads, torch::Dtype dtype) {
   const auto dec_valid_lens = torch::arange(1, n + 1).repeat({B, 1});
   std::vector<std::pair<d2l::AttentionBackend, std::string>> backends = {
       {d2l::AttentionBackend::kAuto, "d2l"}, {d2l::AttentionBackend::kComposite, "d2l_composite"}};
-#if D2L_HAS_SDPA
-  if (dtype == torch::kBFloat16) backends.emplace_back(d2l::AttentionBackend::kSdpa, "d2l_sdpa");
-#endif
   for (const auto& [backend, impl] : backends) {
     for (const bool grad : {false, true}) {
       register_case(fmt::format("{}/{}/{}/threads:{}", group, impl, grad ? "fwd_bwd" : "fwd",
@@ -146,9 +141,7 @@ void mha_cases(int threads, torch::Dtype dtype) {
                     threads, grad, [=, backend = backend] {
                       auto x = make_input();
                       d2l::MultiHeadAttention attention(
-                          d2l::MultiHeadAttentionOptions(h, h, h, h, heads)
-                              .backend(backend)
-                              .need_weights(backend != d2l::AttentionBackend::kSdpa));
+                          d2l::MultiHeadAttentionOptions(h, h, h, h, heads).backend(backend));
                       attention->to(dtype);
                       attention->train();  // dropout 0, as the decoder in training
                       return backward_of(

@@ -32,6 +32,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/serialize.h>
 #include <CLI/CLI.hpp>
 
