@@ -64,9 +64,12 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
   const Dims& s = a.s;
   const int64_t tiles = div_up(kc, W);
   const int64_t row0 = b * s.n + i0;
-  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false);
+  // P and dP up to kc rounded to a vector: what exp_row and dS below read.
+  const int64_t last_cols = kc - (tiles - 1) * W;
+  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false,
+          last_cols);
   gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, w.vtp.get(), W, s.dv * W, w.dp.data(),
-          w.kb, false);
+          w.kb, false, last_cols);
   const V vscale(a.scale);
   for (int64_t r = 0; r < rows; ++r) {
     T* p = w.p.data() + r * w.kb;

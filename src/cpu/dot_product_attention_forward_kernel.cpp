@@ -64,10 +64,21 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
   const V minus_inf(-std::numeric_limits<T>::infinity()), vscale(a.scale);
   V max0 = minus_inf, max1 = minus_inf;
   if (all_valid) {
-    for (int64_t j = 0; j < kc; ++j) {
+    // Two maxima a half, so that each maximum waits on the one two rows up.
+    V max2 = minus_inf, max3 = minus_inf;
+    int64_t j = 0;
+    for (; j + 2 <= kc; j += 2) {
+      max0 = at::vec::maximum(max0, V::loadu(st + j * W));
+      max1 = at::vec::maximum(max1, V::loadu(st + j * W + S));
+      max2 = at::vec::maximum(max2, V::loadu(st + (j + 1) * W));
+      max3 = at::vec::maximum(max3, V::loadu(st + (j + 1) * W + S));
+    }
+    if (j < kc) {
       max0 = at::vec::maximum(max0, V::loadu(st + j * W));
       max1 = at::vec::maximum(max1, V::loadu(st + j * W + S));
     }
+    max0 = at::vec::maximum(max0, max2);
+    max1 = at::vec::maximum(max1, max3);
   } else {
     // Keys valid for each query in this block: clamp(len - j0, 0, kc), exact in T.
     const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
@@ -105,13 +116,17 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
   at::vec::fmadd(V::loadu(w.row_sum + S), corr1, sum1).store(w.row_sum + S);
   new0.store(w.row_max);
   new1.store(w.row_max + S);
+  // Oᵀ += Vᵀ Pᵀ: V's rows read transposed, Pᵀ one tile of queries wide. The
+  // first key block writes Oᵀ, which holds nothing yet to rescale.
   T* ot = w.ot.get();
-  for (int64_t c = 0; c < s.dv; ++c) {
-    (V::loadu(ot + c * W) * corr0).store(ot + c * W);
-    (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
+  const bool first = j0 == 0;
+  if (!first) {
+    for (int64_t c = 0; c < s.dv; ++c) {
+      (V::loadu(ot + c * W) * corr0).store(ot + c * W);
+      (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
+    }
   }
-  // Oᵀ += Vᵀ Pᵀ: V's rows read transposed, Pᵀ one tile of queries wide.
-  gemm<T, true>(s.dv, 1, kc, a.v + (b * s.m + j0) * s.dv, s.dv, st, W, 0, ot, W, true);
+  gemm<T, true>(s.dv, 1, kc, a.v + (b * s.m + j0) * s.dv, s.dv, st, W, 0, ot, W, !first);
 }
 
 // With weights, a key block's exponentials go out as they are made, relative
@@ -160,7 +175,9 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     if (c < rows) shortest = std::min(shortest, w.len[c]);
   }
   pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
-  std::fill_n(w.ot.get(), s.dv * W, T(0));
+  // The first key block writes Oᵀ (attend_key_block); with no valid key at
+  // all there is none.
+  if (longest == 0) std::fill_n(w.ot.get(), s.dv * W, T(0));
   std::fill_n(w.row_max, W, -std::numeric_limits<T>::infinity());
   std::fill_n(w.row_sum, W, T(0));
   const int64_t key_blocks = div_up(s.m, a.kb);
@@ -180,14 +197,24 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
       }
     }
   }
-  const T* ot = w.ot.get();
+  // Oᵀ's columns divided by their sums (a query with no valid key gives 0),
+  // then transposed into the output; the log-sum-exps a vector at a time.
+  using V = Vectorized<T>;
+  constexpr int64_t S = V::size();
+  alignas(64) T inv[W];
+  for (int64_t c = 0; c < W; ++c) inv[c] = w.len[c] == 0 ? T(0) : T(1) / w.row_sum[c];
+  T* ot = w.ot.get();
+  const V inv0 = V::loadu(inv), inv1 = V::loadu(inv + S);
+  for (int64_t f = 0; f < s.dv; ++f) {
+    (V::loadu(ot + f * W) * inv0).store(ot + f * W);
+    (V::loadu(ot + f * W + S) * inv1).store(ot + f * W + S);
+  }
+  transpose_into(ot, W, s.dv, s.dv, rows, a.out + (b * s.n + i0) * s.dv, s.dv);
+  alignas(64) T lse[W];
+  (V::loadu(w.row_max) + V::loadu(w.row_sum).log()).store(lse);
+  (V::loadu(w.row_max + S) + V::loadu(w.row_sum + S).log()).store(lse + S);
   for (int64_t c = 0; c < rows; ++c) {
-    T* out = a.out + (b * s.n + i0 + c) * s.dv;
-    const bool empty = w.len[c] == 0;
-    const T inv = empty ? T(0) : T(1) / w.row_sum[c];
-    for (int64_t f = 0; f < s.dv; ++f) out[f] = ot[f * W + c] * inv;
-    a.lse[b * s.n + i0 + c] =
-        empty ? -std::numeric_limits<T>::infinity() : w.row_max[c] + std::log(w.row_sum[c]);
+    a.lse[b * s.n + i0 + c] = w.len[c] == 0 ? -std::numeric_limits<T>::infinity() : lse[c];
   }
   if (a.weights != nullptr) finish_weights(a, w, b, i0, rows);
 }

@@ -74,11 +74,7 @@ template <typename T>
 void pack_transposed(const T* x, int64_t rows, int64_t cols, T* out) {
   constexpr int64_t W = kTileCols<T>;
   for (int64_t p = 0; p < div_up(rows, W); ++p) {
-    T* panel = out + p * cols * W;
-    for (int64_t w = 0; w < W; ++w) {
-      const int64_t r = p * W + w;
-      for (int64_t c = 0; c < cols; ++c) panel[c * W + w] = r < rows ? x[r * cols + c] : T(0);
-    }
+    transpose_into(x + p * W * cols, cols, rows - p * W, W, cols, out + p * cols * W, W);
   }
 }
 

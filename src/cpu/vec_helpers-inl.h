@@ -235,6 +235,117 @@ inline float horizontal_max(const Vectorized<float>& v) { return hmax::of(v); }
 inline double horizontal_max(const Vectorized<double>& v) { return hmax::of(v); }
 #endif
 
+
+// out[c · ldo + r] = x[r · ldx + c] for r < rows, c < cols, with the rows
+// r >= valid_rows of x read as zero: a block transposed, padded on the way.
+// The flash kernels transpose a block of queries (or keys) on the way in and
+// the output on the way out; element by element those two copies took a
+// sixth of the forward at n = 128 (perf, AVX-512). With float vectors the
+// block goes through registers a square at a time (transpose_square).
+template <typename T>
+void transpose_into(const T* x, int64_t ldx, int64_t valid_rows, int64_t rows, int64_t cols,
+                    T* out, int64_t ldo) {
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) out[c * ldo + r] = r < valid_rows ? x[r * ldx + c] : T(0);
+  }
+}
+
+#if (defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)) && \
+    (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+#define D2L_SHUFFLE2(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+// v[i] becomes column i of the square whose rows v held: unpacks of floats,
+// then of pairs, within each 128-bit lane, then lanes gathered across
+// registers. Shuffles, not intrinsics, for the reason of hsum below.
+#if defined(CPU_CAPABILITY_AVX512)
+inline void transpose_square(__m512 (&v)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = D2L_SHUFFLE2(v[i], v[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+    t[i + 1] =
+        D2L_SHUFFLE2(v[i], v[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+  }
+  // u[4g + j]: in lane k, column 4k + j of rows 4g .. 4g + 3.
+  __m512 u[16];
+  for (int g = 0; g < 16; g += 4) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512 a = t[g + h], b = t[g + h + 2];
+      u[g + 2 * h] =
+          D2L_SHUFFLE2(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      u[g + 2 * h + 1] =
+          D2L_SHUFFLE2(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 x0 = D2L_SHUFFLE2(u[j], u[4 + j], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
+                                   21, 22, 23);
+    const __m512 x1 = D2L_SHUFFLE2(u[j], u[4 + j], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                   27, 28, 29, 30, 31);
+    const __m512 y0 = D2L_SHUFFLE2(u[8 + j], u[12 + j], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
+                                   20, 21, 22, 23);
+    const __m512 y1 = D2L_SHUFFLE2(u[8 + j], u[12 + j], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                   26, 27, 28, 29, 30, 31);
+    v[j] = D2L_SHUFFLE2(x0, y0, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    v[4 + j] = D2L_SHUFFLE2(x0, y0, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    v[8 + j] = D2L_SHUFFLE2(x1, y1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    v[12 + j] =
+        D2L_SHUFFLE2(x1, y1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+}
+using SquareRow = __m512;
+#else
+inline void transpose_square(__m256 (&v)[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = D2L_SHUFFLE2(v[i], v[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = D2L_SHUFFLE2(v[i], v[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  __m256 u[8];
+  for (int g = 0; g < 8; g += 4) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256 a = t[g + h], b = t[g + h + 2];
+      u[g + 2 * h] = D2L_SHUFFLE2(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+      u[g + 2 * h + 1] = D2L_SHUFFLE2(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m256 a = u[j], b = u[4 + j];
+    v[j] = D2L_SHUFFLE2(a, b, 0, 1, 2, 3, 8, 9, 10, 11);
+    v[4 + j] = D2L_SHUFFLE2(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+using SquareRow = __m256;
+#endif
+#undef D2L_SHUFFLE2
+
+template <>
+inline void transpose_into(const float* x, int64_t ldx, int64_t valid_rows, int64_t rows,
+                           int64_t cols, float* out, int64_t ldo) {
+  using V = Vectorized<float>;
+  constexpr int64_t S = V::size();
+  SquareRow v[S];
+  valid_rows = std::min(valid_rows, rows);
+  for (int64_t r0 = 0; r0 < rows; r0 += S) {
+    const int64_t nr = std::min(S, rows - r0);
+    for (int64_t c0 = 0; c0 < cols; c0 += S) {
+      const int64_t nc = std::min(S, cols - c0);
+      for (int64_t i = 0; i < S; ++i) {
+        const float* row = x + (r0 + i) * ldx + c0;
+        v[i] = r0 + i >= valid_rows ? V(0.f) : nc == S ? V::loadu(row) : partial_load(row, nc);
+      }
+      transpose_square(v);
+      for (int64_t j = 0; j < nc; ++j) {
+        float* col = out + (c0 + j) * ldo + r0;
+        if (nr == S) {
+          V(v[j]).store(col);
+        } else {
+          partial_store(V(v[j]), col, nr);
+        }
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace CPU_CAPABILITY
 }  // namespace d2l::cpu
