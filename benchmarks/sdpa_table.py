@@ -134,6 +134,30 @@ def bf16_table(medians, flops, threads, shapes):
     return "\n".join(lines) + "\n"
 
 
+def fp32_table(medians, flops, threads, shapes):
+    """The float32 flash rows' useful rates and their fraction of the FMA peak (N times it at N
+    threads), beside SDPA's rate; empty without the `limits` shape."""
+    key = ("fma_peak", "limits", 1)
+    if key not in medians or key not in flops:
+        return ""
+    fma = flops[key] / medians[key]
+    lines = [f"float32 against the FMA peak ({fma / 1e9:.0f} GFLOP/s a core):", "",
+             "| threads | shape | pass | flash | flash GFLOP/s | of FMA peak | SDPA GFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for t in threads:
+        for shape in shapes:
+            for pass_ in ("fwd", "fwdbwd"):
+                ours = medians.get((f"dot_fused_noweights_{pass_}", shape, t))
+                sdpa = medians.get((f"sdpa_{pass_}", shape, t))
+                flop = flops.get((f"dot_fused_noweights_{pass_}", shape, t))
+                if ours is None or not flop:
+                    continue
+                cells = [str(t), shape, pass_, fmt_time(ours), fmt_rate(flop, ours),
+                         fmt_fraction(flop, ours, fma * t), fmt_rate(flop, sdpa)]
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def fmt_time(s):
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
 
@@ -190,6 +214,10 @@ def main(args):
                          fmt_bytes(pf) if pf is not None else "—",
                          fmt_bytes(ps) if ps is not None else "—"]
                 print("| " + " | ".join(cells) + " |")
+    peak_rows = fp32_table(medians, flops, threads, shapes)
+    if peak_rows:
+        print()
+        print(peak_rows, end="")
     if any(k[0].startswith(BF16_CASES[0] + "_") for k in medians):
         print()
         print(bf16_table(medians, flops, threads, shapes), end="")

@@ -332,6 +332,10 @@ class SdpaTableTest(unittest.TestCase):
         self.assertIn("| 1 | sdpa512 | fwd | 2.00 ms | 8.00 ms | 0.25× | 3.00 ms | 1.50× | 300 | "
                       "1.50 | 0.75 | 75 |", text)
         self.assertNotIn("limits |", text)
+        # float32: 0.6 GFLOP in 3 ms = 200 GFLOP/s, all of the 200 GFLOP/s peak; SDPA's rate is
+        # blank where its float32 row did not run.
+        self.assertIn("float32 against the FMA peak (200 GFLOP/s a core):", text)
+        self.assertIn("| 1 | sdpa512 | fwd | 3.00 ms | 200 | 1.00 | — |", text)
 
     def test_shapes_in_order_decoding_last(self):
         names = ["sdpa2048q1", "sdpa512full", "sdpa2048", "sdpa512q1full", "sdpa128", "sdpa512q1",
