@@ -127,6 +127,13 @@ struct Board {
   d2l::Series train_loss{{}, {}, "train_loss", "b-"};
   d2l::Series val_loss{{}, {}, "val_loss", "m--"};
   d2l::Series val_acc{{}, {}, "val_acc", "g-."};
+  // f(name, series) for each series, by the name a checkpoint stores it under.
+  template <typename Self, typename F>
+  static void each(Self& board, F f) {
+    f("train_loss", board.train_loss);
+    f("val_loss", board.val_loss);
+    f("val_acc_curve", board.val_acc);
+  }
   void save(const std::string& path, int64_t epochs) const {
     d2l::save_plot({train_loss, val_loss, val_acc},
                    d2l::PlotOptions().xlabel("epoch").xlim(std::make_pair(0.0, double(epochs))),
@@ -177,13 +184,10 @@ void save_checkpoint(const std::string& path, const torch::Tensor& recipe, int64
   archive.write("epochs_done", torch::tensor(epochs_done));
   archive.write("val_acc", torch::tensor(val_acc, torch::kFloat64));
   archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
-  const std::pair<const char*, const d2l::Series*> series[] = {
-      {"train_loss", &board.train_loss}, {"val_loss", &board.val_loss},
-      {"val_acc_curve", &board.val_acc}};
-  for (const auto& [name, s] : series) {
-    archive.write(std::string(name) + ".x", to_tensor(s->x));
-    archive.write(std::string(name) + ".y", to_tensor(s->y));
-  }
+  Board::each(board, [&](const char* name, const d2l::Series& s) {
+    archive.write(std::string(name) + ".x", to_tensor(s.x));
+    archive.write(std::string(name) + ".y", to_tensor(s.y));
+  });
   const std::string tmp = path + ".tmp";
   archive.save_to(tmp);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -213,13 +217,10 @@ int64_t load_checkpoint(const std::string& path, const torch::Tensor& recipe, do
   model->load(model_archive);
   optim.load(optim_archive);
   val_acc = read_tensor(archive, "val_acc", path).item<double>();
-  std::pair<const char*, d2l::Series*> series[] = {
-      {"train_loss", &board.train_loss}, {"val_loss", &board.val_loss},
-      {"val_acc_curve", &board.val_acc}};
-  for (auto& [name, s] : series) {
-    s->x = to_vector(read_tensor(archive, std::string(name) + ".x", path));
-    s->y = to_vector(read_tensor(archive, std::string(name) + ".y", path));
-  }
+  Board::each(board, [&](const char* name, d2l::Series& s) {
+    s.x = to_vector(read_tensor(archive, std::string(name) + ".x", path));
+    s.y = to_vector(read_tensor(archive, std::string(name) + ".y", path));
+  });
   at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the state
   generator.set_state(read_tensor(archive, "rng", path));
   return read_tensor(archive, "epochs_done", path).item<int64_t>();
