@@ -20,6 +20,21 @@
 
 namespace d2l::testing {
 
+// max |got - exact| / max |scale_of| over the whole tensors (absolute where
+// scale_of is all zeros): a result's error in units of its own size (or of a
+// related result's, for one that is exactly zero by construction). Divided by
+// bfloat16's rounding 2⁻⁸, it reads as "so many roundings of bfloat16".
+inline double normwise_error(const torch::Tensor& got, const torch::Tensor& exact,
+                             const torch::Tensor& scale_of) {
+  const double scale = scale_of.to(torch::kDouble).abs().max().item<double>();
+  const double error =
+      (got.to(torch::kDouble) - exact.to(torch::kDouble)).abs().max().item<double>();
+  return scale == 0 ? error : error / scale;
+}
+inline double normwise_error(const torch::Tensor& got, const torch::Tensor& exact) {
+  return normwise_error(got, exact, exact);
+}
+
 // Every instruction set the kernels have: the parameterized suites name each,
 // and one this CPU or build cannot run is skipped with the reason, not left
 // out of the list. At avx512_bf16 the float kernels are the AVX-512 ones and

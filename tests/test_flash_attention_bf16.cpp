@@ -26,6 +26,7 @@ namespace {
 
 using d2l::AttentionBackend;
 using d2l::testing::attend;
+using d2l::testing::normwise_error;
 using d2l::testing::on_one_thread;
 using d2l::testing::Sizes;
 using d2l::testing::value_and_grads;
@@ -38,16 +39,6 @@ constexpr double kUnit = 0x1p-8;
 class FlashBf16 : public d2l::testing::Fused {};
 
 bool bf16_kernel_in_use() { return d2l::cpu_isa() >= d2l::CpuIsa::kAvx512Bf16; }
-
-// max |x - exact| / max |exact| over the whole tensor (absolute where exact
-// is all zeros): the error of a result in units of its own size, so that a
-// bound in units of kUnit reads as "so many roundings of bfloat16".
-double normwise_error(const torch::Tensor& x, const torch::Tensor& exact) {
-  const auto e = exact.to(torch::kDouble);
-  const double scale = std::max(e.abs().max().item<double>(), 1e-30);
-  const double error = (x.to(torch::kDouble) - e).abs().max().item<double>();
-  return e.abs().max().item<double>() == 0 ? error : error / scale;
-}
 
 // Output and the q, k, v gradients for an upstream gradient G on `path`;
 // values in double for the oracle.

@@ -185,9 +185,7 @@ TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
 // 1.25 times the book's ops' error.
 double normwise_units(const torch::Tensor& got, const torch::Tensor& exact,
                       const torch::Tensor& scale_of) {
-  const double scale = scale_of.to(torch::kDouble).abs().max().item<double>();
-  const double error = (got.to(torch::kDouble) - exact.to(torch::kDouble)).abs().max().item<double>();
-  return (scale == 0 ? error : error / scale) / 0x1p-8;
+  return d2l::testing::normwise_error(got, exact, scale_of) / 0x1p-8;
 }
 double normwise_units(const torch::Tensor& got, const torch::Tensor& exact) {
   return normwise_units(got, exact, exact);
