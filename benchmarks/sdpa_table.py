@@ -88,12 +88,17 @@ def fmt_fraction(flop, seconds, limit):
     return f"{flop / seconds / limit:.2f}" if flop and seconds and limit else "—"
 
 
+def limit_rate(medians, flops, case, threads):
+    """FLOP/s of a `limits` row (fma_peak, dpbf16_peak, mm_fp32, mm_bf16), or None where it did
+    not run."""
+    key = (case, "limits", threads)
+    return flops[key] / medians[key] if key in medians and key in flops else None
+
+
 def bf16_table(medians, flops, threads, shapes):
     """The bfloat16 rows: ours (the bfloat16 kernel or the widened one) against SDPA in bfloat16
     and our float32, with the useful rates and their fractions of both limits."""
-    limit = lambda case, t: (flops.get((case, "limits", t)) / medians[(case, "limits", t)]
-                             if (case, "limits", t) in medians and (case, "limits", t) in flops
-                             else None)
+    limit = lambda case, t: limit_rate(medians, flops, case, t)
     fma, dp = limit("fma_peak", 1), limit("dpbf16_peak", 1)
     lines = []
     parts = [f"float32 FMA peak {fma / 1e9:.0f} GFLOP/s" if fma else None,
@@ -137,10 +142,9 @@ def bf16_table(medians, flops, threads, shapes):
 def fp32_table(medians, flops, threads, shapes):
     """The float32 flash rows' useful rates and their fraction of the FMA peak (N times it at N
     threads), beside SDPA's rate; empty without the `limits` shape."""
-    key = ("fma_peak", "limits", 1)
-    if key not in medians or key not in flops:
+    fma = limit_rate(medians, flops, "fma_peak", 1)
+    if not fma:
         return ""
-    fma = flops[key] / medians[key]
     lines = [f"float32 against the FMA peak ({fma / 1e9:.0f} GFLOP/s a core):", "",
              "| threads | shape | pass | flash | flash GFLOP/s | of FMA peak | SDPA GFLOP/s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -55,7 +55,7 @@ constexpr int64_t round_up_to_tile(int64_t x) {
 // named variables, not an array: GCC keeps an array of Vectorized in
 // registers with one LibTorch's headers and spills it to the stack on every
 // iteration with another's (measured: 2× slower on 2.11). Not inlined: inside
-// the flash kernel's loops GCC ran short of registers and reloaded the six
+// the flash kernel's loops GCC ran short of registers and reloaded the
 // row pointers from the stack on every step (perf annotate; the forward took
 // 1.5-1.8× as long); a call per tile costs nothing beside its K steps.
 template <typename T, bool kTransA, bool kHalf = false>

@@ -235,7 +235,6 @@ inline float horizontal_max(const Vectorized<float>& v) { return hmax::of(v); }
 inline double horizontal_max(const Vectorized<double>& v) { return hmax::of(v); }
 #endif
 
-
 // out[c · ldo + r] = x[r · ldx + c] for r < rows, c < cols, with the rows
 // r >= valid_rows of x read as zero: a block transposed, padded on the way.
 // The flash kernels transpose a block of queries (or keys) on the way in and
