@@ -137,7 +137,18 @@ DotProductPath flash_kernel(const DotProductParams& p, std::vector<std::string>*
   const auto type = p.queries.scalar_type();
   if (type == torch::kBFloat16) {
     const auto why = why_not_flash_bf16(p);
-    if (why.empty()) return DotProductPath::kFlashBf16;
+    if (why.empty()) {
+      // On a CPU with AMX: why its tiles are not what the products run on.
+      const std::string amx = cpu::amx_refusal();
+      if (!amx.empty()) {
+        refuse(reasons, {"flash_bf16_amx"}, amx + "; the products run in VDPBF16PS");
+      } else if (cpu_isa() == CpuIsa::kAvx512Bf16 && cpu_isa_available(CpuIsa::kAmxBf16)) {
+        refuse(reasons, {"flash_bf16_amx"},
+               "the kernels' instruction set is avx512_bf16 (D2L_CPU_ISA or d2l::set_cpu_isa; "
+               "the AMX kernel needs amx_bf16); the products run in VDPBF16PS");
+      }
+      return DotProductPath::kFlashBf16;
+    }
     refuse(reasons, {"flash_bf16"}, why + "; bfloat16 is widened to float");
   } else if (type == torch::kHalf) {
     refuse(reasons, {"flash_fp16"},

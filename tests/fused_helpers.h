@@ -38,10 +38,11 @@ inline double normwise_error(const torch::Tensor& got, const torch::Tensor& exac
 // Every instruction set the kernels have: the parameterized suites name each,
 // and one this CPU or build cannot run is skipped with the reason, not left
 // out of the list. At avx512_bf16 the float kernels are the AVX-512 ones and
-// bfloat16 dot-product attention runs its own kernel.
+// bfloat16 dot-product attention runs its own kernel; at amx_bf16 that
+// kernel's products run on AMX tiles.
 inline std::vector<d2l::CpuIsa> all_isas() {
   return {d2l::CpuIsa::kDefault, d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512,
-          d2l::CpuIsa::kAvx512Bf16};
+          d2l::CpuIsa::kAvx512Bf16, d2l::CpuIsa::kAmxBf16};
 }
 
 inline std::vector<d2l::CpuIsa> runnable_isas() {

@@ -216,11 +216,15 @@ TEST(FusedKernels, IsaCanBeChosenAndNamed) {
   EXPECT_EQ(d2l::to_string(d2l::CpuIsa::kAvx2), "avx2");
   EXPECT_EQ(d2l::to_string(d2l::CpuIsa::kAvx512), "avx512");
   EXPECT_EQ(d2l::to_string(d2l::CpuIsa::kAvx512Bf16), "avx512_bf16");
+  EXPECT_EQ(d2l::to_string(d2l::CpuIsa::kAmxBf16), "amx_bf16");
   EXPECT_TRUE(d2l::cpu_isa_available(d2l::CpuIsa::kDefault));
   // Each level includes the ones before it.
   EXPECT_TRUE(!d2l::cpu_isa_available(d2l::CpuIsa::kAvx512Bf16) ||
               d2l::cpu_isa_available(d2l::CpuIsa::kAvx512));
-  for (auto isa : {d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512, d2l::CpuIsa::kAvx512Bf16}) {
+  EXPECT_TRUE(!d2l::cpu_isa_available(d2l::CpuIsa::kAmxBf16) ||
+              d2l::cpu_isa_available(d2l::CpuIsa::kAvx512Bf16));
+  for (auto isa : {d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512, d2l::CpuIsa::kAvx512Bf16,
+                   d2l::CpuIsa::kAmxBf16}) {
     if (d2l::cpu_isa_available(isa)) continue;
     EXPECT_THAT(error_message([&] { d2l::set_cpu_isa(isa); }),
                 HasSubstr("d2l::set_cpu_isa: " + d2l::to_string(isa) + " kernels cannot run here"));

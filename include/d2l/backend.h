@@ -64,17 +64,19 @@ struct PathExplanation {
 
 /// Instruction sets the fused CPU kernels are compiled for: generic C++
 /// (what the compiler makes of it for the baseline x86-64), AVX2 + FMA (8
-/// floats a vector), AVX-512 F/BW/VL/DQ (16 floats a vector), and AVX-512
+/// floats a vector), AVX-512 F/BW/VL/DQ (16 floats a vector), AVX-512
 /// with AVX512-BF16, whose VDPBF16PS the bfloat16 flash kernel multiplies
-/// with (docs/kernels.md, "bfloat16"); below kAvx512Bf16, bfloat16 inputs are
-/// widened to float. Each level includes the ones before it, as oneDNN's
-/// ISA levels do (an AMX level would come after kAvx512Bf16).
-enum class CpuIsa { kDefault, kAvx2, kAvx512, kAvx512Bf16 };
+/// with, and that with AMX tiles (TDPBF16PS, Intel Sapphire Rapids and
+/// later), which the bfloat16 flash kernel's products then run on, where
+/// Linux grants the process the tile state (docs/kernels.md, "bfloat16");
+/// below kAvx512Bf16, bfloat16 inputs are widened to float. Each level
+/// includes the ones before it, as oneDNN's ISA levels do.
+enum class CpuIsa { kDefault, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16 };
 
 /// The instruction set the fused kernels run with in this process: the widest
 /// one that both this CPU and this build of the library have, unless the
-/// environment variable D2L_CPU_ISA (`default`, `avx2`, `avx512` or
-/// `avx512_bf16`) caps it or set_cpu_isa chose another.
+/// environment variable D2L_CPU_ISA (`default`, `avx2`, `avx512`,
+/// `avx512_bf16` or `amx_bf16`) caps it or set_cpu_isa chose another.
 CpuIsa cpu_isa();
 
 /// Chooses the kernels' instruction set, e.g. to compare them; throws
@@ -85,7 +87,7 @@ void set_cpu_isa(CpuIsa isa);
 /// Whether this CPU and build can run `isa` (kDefault always can).
 bool cpu_isa_available(CpuIsa isa);
 
-/// "default", "avx2", "avx512" or "avx512_bf16".
+/// "default", "avx2", "avx512", "avx512_bf16" or "amx_bf16".
 std::string to_string(CpuIsa isa);
 
 /// The CPU thread pools of this process (README, "Two thread pools").

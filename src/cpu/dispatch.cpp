@@ -7,8 +7,17 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#if defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define D2L_AMX_PROBE 1
+#endif
 
 #include "cpu/additive_attention_kernel.h"
 #include "cpu/dot_product_attention_kernel.h"
@@ -47,16 +56,58 @@ bool avx512_bf16_runnable() {
 #endif
 }
 
+// AMX for bfloat16 (TDPBF16PS on tiles): what the CPU says (CPUID leaf 7:
+// AMX-TILE and AMX-BF16), and whether Linux lets this process use the tile
+// data, which it enables per process on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM, Linux 5.16 and later; sandboxes and older kernels
+// refuse it, and a tile instruction without it is SIGILL). Asked once.
+struct AmxState {
+  bool cpu = false;      // the CPU has AMX-TILE and AMX-BF16
+  bool granted = false;  // and this process may use the tile data
+  std::string refusal;   // why not, where the CPU has it
+};
+
+const AmxState& amx_state() {
+  static const AmxState state = [] {
+    AmxState s;
+#ifdef D2L_AMX_PROBE
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return s;
+    s.cpu = (edx >> 24 & 1) != 0 && (edx >> 22 & 1) != 0;
+    if (!s.cpu) return s;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
+      s.granted = true;
+    } else {
+      s.refusal = fmt::format(
+          "Linux refused this process the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM): {})",
+          std::strerror(errno));
+    }
+#endif
+    return s;
+  }();
+  return state;
+}
+
+// The bfloat16 flash kernel on AMX tiles: built, and the CPU's tiles granted.
+bool amx_bf16_runnable() {
+#if defined(D2L_HAVE_AMX_BF16_KERNELS)
+  return avx512_bf16_runnable() && amx_state().granted;
+#else
+  return false;
+#endif
+}
+
 // The widest runnable ISA, capped by D2L_CPU_ISA (an unknown value is ignored:
 // an environment variable must not make the library unusable).
 CpuIsa initial_isa() {
-  CpuIsa cap = CpuIsa::kAvx512Bf16;
+  CpuIsa cap = CpuIsa::kAmxBf16;
   if (const char* env = std::getenv("D2L_CPU_ISA")) {
-    for (const auto isa : {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    for (const auto isa : {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
       if (to_string(isa) == env) cap = isa;
     }
   }
-  for (const auto isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
+  for (const auto isa : {CpuIsa::kAmxBf16, CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
     if (isa <= cap && cpu_isa_available(isa)) return isa;
   }
   return CpuIsa::kDefault;
@@ -76,6 +127,7 @@ bool cpu_isa_available(CpuIsa isa) {
     case CpuIsa::kAvx2: return avx2_runnable();
     case CpuIsa::kAvx512: return avx512_runnable();
     case CpuIsa::kAvx512Bf16: return avx512_bf16_runnable();
+    case CpuIsa::kAmxBf16: return amx_bf16_runnable();
     default: return true;
   }
 }
@@ -93,6 +145,7 @@ std::string to_string(CpuIsa isa) {
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx512Bf16: return "avx512_bf16";
+    case CpuIsa::kAmxBf16: return "amx_bf16";
     default: return "default";
   }
 }
@@ -133,7 +186,22 @@ D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(MultiHeadAttentionKernels, multi_head_attention_kernels)
 
+std::string amx_refusal() {
+  const AmxState& amx = amx_state();
+  if (!amx.cpu) return {};
+  if (!amx.granted) return amx.refusal;
+#if !defined(D2L_HAVE_AMX_BF16_KERNELS)
+  return "this build of the library has no AMX kernel (the compiler did not take -mamx-tile "
+         "-mamx-bf16)";
+#else
+  return {};
+#endif
+}
+
 const DotProductAttentionBf16Kernels* dot_product_attention_bf16_kernels() {
+#ifdef D2L_HAVE_AMX_BF16_KERNELS
+  if (cpu_isa() >= CpuIsa::kAmxBf16) return &AMX_BF16::dot_product_attention_bf16_kernels();
+#endif
 #ifdef D2L_HAVE_AVX512_BF16_KERNELS
   if (cpu_isa() >= CpuIsa::kAvx512Bf16) return &AVX512_BF16::dot_product_attention_bf16_kernels();
 #endif

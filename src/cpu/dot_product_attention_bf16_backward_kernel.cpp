@@ -39,10 +39,11 @@ struct Bf16BackwardArgs {
   // pairs_of(dv) a row (the tensors themselves where d and dv are even).
   const Pair *q, *dout;
   int64_t ldk, ldo;
-  // Q and dO in pairs of consecutive queries, features padded to whole
-  // tiles: entry b's pair t at qq + (b · n2 + t) · ldq, doq + (b · n2 + t) · ldv.
+  // Qᵀ and dOᵀ in pairs of consecutive queries, a row per feature: entry
+  // b's feature f, pair t at qq[(b · d + f) · n2 + t], doq[(b · dv + f) · n2 + t].
   const Pair *qq, *doq;
-  int64_t n2, ldq, ldv;
+  // ldq: d in whole tiles, the row length of dQ's float rows and of kk.
+  int64_t n2, ldq;
   const BF16 *k, *v;
   const float *lse, *delta;  // per row: log-normaliser, rowsum(dO ∘ O)
   RowLengths lens;
@@ -61,7 +62,8 @@ struct Bf16BackwardScratch {
   std::unique_ptr<float[]> p, dp;  // S and dP (kBf16QueryBlock × kbp)
   std::unique_ptr<Pair[]> pq, dsq;  // P, dS in pairs of queries (kBf16QueryBlock / 2 × kbp)
   std::unique_ptr<Pair[]> dsk;      // dS in pairs of keys (kBf16QueryBlock × kbp / 2)
-  std::unique_ptr<float[]> dk, dv;  // the key block's dK (kb × ldq) and dV (kb × ldv)
+  std::unique_ptr<float[]> dkt, dvt;  // the key block's dKᵀ (d × kbp) and dVᵀ (dv × kbp)
+  std::unique_ptr<float[]> rows;      // dK or dV a row per key (kb × max(d, dv))
   int64_t len[kBf16QueryBlock];
   float* dq_entry = nullptr;  // where the current task adds to dQ (n × ldq floats)
 
@@ -75,8 +77,9 @@ struct Bf16BackwardScratch {
         pq(uninitialized_buffer<Pair>(kBf16QueryBlock / 2 * kbp)),
         dsq(uninitialized_buffer<Pair>(kBf16QueryBlock / 2 * kbp)),
         dsk(uninitialized_buffer<Pair>(kBf16QueryBlock * kbp / 2)),
-        dk(uninitialized_buffer<float>(a.kb * a.ldq)),
-        dv(uninitialized_buffer<float>(a.kb * a.ldv)) {}
+        dkt(uninitialized_buffer<float>(a.s.d * kbp)),
+        dvt(uninitialized_buffer<float>(a.s.dv * kbp)),
+        rows(uninitialized_buffer<float>(a.kb * std::max(a.s.d, a.s.dv))) {}
 };
 
 // One row's P = exp(scale · S - lse) and dS = scale · P ∘ (dP - D), for 32
@@ -145,12 +148,12 @@ void backward_pair(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b,
   gemm_bf16(rows, tiles, a.ldo, a.dout + row0 * a.ldo, a.ldo, w.vt.get(), W, a.ldo * W, dp, kbp,
             false);
   probabilities(a, w, row0, rows, j0, kc, tiles * W);
-  const int64_t rows2 = pairs_of(rows), pair0 = b * a.n2 + i0 / 2;
-  // dV += Pᵀ dO and dK += dSᵀ Q, reading the pairs of queries transposed.
-  gemm_bf16<true>(kc, a.ldv / W, rows2, w.pq.get(), kbp, a.doq + pair0 * a.ldv, a.ldv, W,
-                  w.dv.get(), a.ldv, true);
-  gemm_bf16<true>(kc, a.ldq / W, rows2, w.dsq.get(), kbp, a.qq + pair0 * a.ldq, a.ldq, W,
-                  w.dk.get(), a.ldq, true);
+  const int64_t rows2 = pairs_of(rows);
+  // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS, over the block's pairs of queries.
+  gemm_bf16(s.dv, tiles, rows2, a.doq + b * s.dv * a.n2 + i0 / 2, a.n2, w.pq.get(), kbp, W,
+            w.dvt.get(), kbp, true);
+  gemm_bf16(s.d, tiles, rows2, a.qq + b * s.d * a.n2 + i0 / 2, a.n2, w.dsq.get(), kbp, W,
+            w.dkt.get(), kbp, true);
   // dQ += dS K, in float, in the rows this run adds to.
   gemm_bf16(rows, a.ldq / W, pairs_of(kc), w.dsk.get(), kbp / 2, w.kk.get(), a.ldq, W,
             w.dq_entry + i0 * a.ldq, a.ldq, true);
@@ -167,8 +170,8 @@ void backward_block(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b
     pair_rows(k + 2 * t * s.d, 2 * t + 1 < kc ? k + (2 * t + 1) * s.d : nullptr, s.d,
               w.kk.get() + t * a.ldq, a.ldq);
   }
-  std::fill_n(w.dk.get(), kc * a.ldq, 0.0f);
-  std::fill_n(w.dv.get(), kc * a.ldv, 0.0f);
+  std::fill_n(w.dkt.get(), s.d * w.kbp, 0.0f);
+  std::fill_n(w.dvt.get(), s.dv * w.kbp, 0.0f);
   const int64_t blocks = div_up(s.n, kBf16QueryBlock);
   for (int64_t qb = 0; qb < blocks; ++qb) {
     const int64_t i0 = qb * kBf16QueryBlock;
@@ -177,10 +180,14 @@ void backward_block(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b
     if (longest <= j0) continue;
     backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
   }
-  for (int64_t j = 0; j < kc; ++j) {
-    round_to_bf16(w.dk.get() + j * a.ldq, s.d, a.dk + (b * s.m + j0 + j) * s.d);
-    round_to_bf16(w.dv.get() + j * a.ldv, s.dv, a.dv + (b * s.m + j0 + j) * s.dv);
-  }
+  // dKᵀ and dVᵀ back to a row per key, each rounded to bfloat16 once.
+  const auto round_rows = [&](const float* xt, int64_t cols, BF16* out) {
+    float* x = w.rows.get();
+    transpose_into(xt, w.kbp, cols, cols, kc, x, cols);
+    for (int64_t j = 0; j < kc; ++j) round_to_bf16(x + j * cols, cols, out + (b * s.m + j0 + j) * cols);
+  };
+  round_rows(w.dkt.get(), s.d, a.dk);
+  round_rows(w.dvt.get(), s.dv, a.dv);
 }
 
 // A bfloat16 (rows × cols) matrix in pairs of features: x itself where cols
@@ -226,11 +233,10 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   const int64_t longest =
       s.B == 0 ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
-  const int64_t n2 = pairs_of(s.n), ldq = round_up_to_pair_tile(s.d),
-                ldv = round_up_to_pair_tile(s.dv);
+  const int64_t n2 = pairs_of(s.n), ldq = round_up_to_pair_tile(s.d);
   FeaturePairs qrows(qd, s.B * s.n, s.d), dorows(dod, s.B * s.n, s.dv);
-  const auto qq = uninitialized_buffer<Pair>(s.B * n2 * ldq);
-  const auto doq = uninitialized_buffer<Pair>(s.B * n2 * ldv);
+  const auto qq = uninitialized_buffer<Pair>(s.B * s.d * n2);
+  const auto doq = uninitialized_buffer<Pair>(s.B * s.dv * n2);
   const auto delta = uninitialized_buffer<float>(s.B * s.n);
   const auto dq_acc = uninitialized_buffer<float>(s.B * s.n * ldq);
   // Per batch entry, in parallel: the packed copies of Q and dO, D, dQ's
@@ -238,18 +244,22 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
   // length (no task writes them) zeroed.
   const int64_t per_entry = s.n * (2 * s.d + 2 * s.dv) + s.m * (s.d + s.dv);
   at::parallel_for(0, s.B, grain_for(per_entry), [&](int64_t b0, int64_t b1) {
+    // Each entry's pairs of queries made as rows of pairs, then transposed.
+    const auto pairs = uninitialized_buffer<Pair>(n2 * std::max(s.d, s.dv));
+    const auto pack = [&](const BF16* x, int64_t r0, int64_t cols, Pair* out) {
+      for (int64_t t = 0; t < n2; ++t) {
+        const BF16* first = x + (r0 + 2 * t) * cols;
+        pair_rows(first, 2 * t + 1 < s.n ? first + cols : nullptr, cols, pairs.get() + t * cols,
+                  cols);
+      }
+      transpose_pair_matrix(pairs.get(), cols, n2, cols, out, n2);
+    };
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t r0 = b * s.n;
       qrows.fill(qd, r0, r0 + s.n, s.d);
       dorows.fill(dod, r0, r0 + s.n, s.dv);
-      for (int64_t t = 0; t < n2; ++t) {
-        const int64_t i = r0 + 2 * t;
-        const bool second = 2 * t + 1 < s.n;
-        pair_rows(qd + i * s.d, second ? qd + (i + 1) * s.d : nullptr, s.d,
-                  qq.get() + (b * n2 + t) * ldq, ldq);
-        pair_rows(dod + i * s.dv, second ? dod + (i + 1) * s.dv : nullptr, s.dv,
-                  doq.get() + (b * n2 + t) * ldv, ldv);
-      }
+      pack(qd, r0, s.d, qq.get() + b * s.d * n2);
+      pack(dod, r0, s.dv, doq.get() + b * s.dv * n2);
       for (int64_t i = r0; i < r0 + s.n; ++i) delta[i] = dot_bf16(dod + i * s.dv, od + i * s.dv, s.dv);
       std::fill_n(dq_acc.get() + r0 * ldq, s.n * ldq, 0.0f);
       const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
@@ -283,7 +293,6 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
                           doq.get(),
                           n2,
                           ldq,
-                          ldv,
                           static_cast<const BF16*>(k.data_ptr()),
                           static_cast<const BF16*>(v.data_ptr()),
                           lse.data_ptr<float>(),
@@ -305,6 +314,7 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
     const auto shares = shared.size() > 0 ? uninitialized_buffer<float>(shared.size() * share_size)
                                           : std::unique_ptr<float[]>();
     for_each_run(bounds, [&](int64_t r, int64_t t0, int64_t t1) {
+      const TileScope tiles;
       Bf16BackwardScratch scratch(args);
       const int64_t slot = shared.slot_of(r);
       if (slot >= 0) std::fill_n(shares.get() + slot * share_size, share_size, 0.0f);

@@ -39,8 +39,9 @@ struct Bf16ForwardArgs {
   // itself where d is even, else a copy with a zero after each row.
   const Pair* k;
   int64_t ldk;
-  // V in pairs of consecutive keys, batch entry b's pair t of feature c at
-  // vp[(b · m2 + t) · dv + c], packed below each entry's longest length.
+  // Vᵀ in pairs of consecutive keys, a row per feature: batch entry b's
+  // feature c, pair t at vp[(b · dv + c) · m2 + t], packed below each
+  // entry's longest length.
   const Pair* vp;
   int64_t m2;
   RowLengths lens;
@@ -140,9 +141,8 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
     (V::loadu(ot + c * W) * corr0).store(ot + c * W);
     (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
   }
-  // Oᵀ += Vᵀ Pᵀ: V's pairs of keys read transposed, Pᵀ one tile of queries wide.
-  gemm_bf16<true>(s.dv, 1, pairs_of(kc), a.vp + (b * a.m2 + j0 / 2) * s.dv, s.dv, pt, W, 0, ot, W,
-                  true);
+  // Oᵀ += Vᵀ Pᵀ: a row of Vᵀ per feature, Pᵀ one tile of queries wide.
+  gemm_bf16(s.dv, 1, pairs_of(kc), a.vp + b * s.dv * a.m2 + j0 / 2, a.m2, pt, W, 0, ot, W, true);
 }
 
 // Query rows [i0, i0 + rows) of batch entry b, rows <= W.
@@ -191,17 +191,19 @@ void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, i
   }
 }
 
-// Batch entry b's keys below `longest` packed as the products read them: V
+// Batch entry b's keys below `longest` packed as the products read them: Vᵀ
 // in pairs of consecutive keys (the last one paired with a zero where
-// `longest` is odd: no key past it is read), and K's rows in pairs of
+// `longest` is odd: no key past it is read), made as rows of pairs in
+// `rows` (pairs_of(longest) × dv) and transposed; and K's rows in pairs of
 // features where d is odd.
 void pack_keys(const BF16* k, const BF16* v, const Dims& s, int64_t b, int64_t longest,
-               int64_t m2, int64_t ldk, Pair* vp, Pair* kp) {
-  for (int64_t t = 0; t < pairs_of(longest); ++t) {
+               int64_t m2, int64_t ldk, Pair* rows, Pair* vp, Pair* kp) {
+  const int64_t pairs = pairs_of(longest);
+  for (int64_t t = 0; t < pairs; ++t) {
     const BF16* first = v + (b * s.m + 2 * t) * s.dv;
-    pair_rows(first, 2 * t + 1 < longest ? first + s.dv : nullptr, s.dv, vp + (b * m2 + t) * s.dv,
-              s.dv);
+    pair_rows(first, 2 * t + 1 < longest ? first + s.dv : nullptr, s.dv, rows + t * s.dv, s.dv);
   }
+  transpose_pair_matrix(rows, s.dv, pairs, s.dv, vp + b * s.dv * m2, m2);
   if (kp == nullptr) return;
   for (int64_t j = 0; j < longest; ++j) {
     const BF16* row = k + (b * s.m + j) * s.d;
@@ -237,8 +239,9 @@ void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::Tenso
   const auto vp = uninitialized_buffer<Pair>(s.B * m2 * s.dv);
   const auto kp = s.d % 2 == 1 ? uninitialized_buffer<Pair>(s.B * s.m * ldk) : nullptr;
   at::parallel_for(0, s.B, grain_for(s.m * (s.d + s.dv)), [&](int64_t b0, int64_t b1) {
+    const auto rows = uninitialized_buffer<Pair>(m2 * s.dv);
     for (int64_t b = b0; b < b1; ++b) {
-      pack_keys(kd, vd, s, b, batch_longest[b], m2, ldk, vp.get(), kp.get());
+      pack_keys(kd, vd, s, b, batch_longest[b], m2, ldk, rows.get(), vp.get(), kp.get());
     }
   });
   const Bf16ForwardArgs args{s,
@@ -253,6 +256,7 @@ void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::Tenso
                          lse.data_ptr<float>(),
                          bf16_key_block(longest_any, 2)};
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
+    const TileScope tiles;
     std::optional<Bf16ForwardScratch> scratch;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / blocks, i0 = t % blocks * W;

@@ -5,6 +5,8 @@
 
 #include <ATen/core/TensorBase.h>
 
+#include <string>
+
 #include "cpu/dispatch.h"
 
 namespace d2l::cpu {
@@ -63,10 +65,19 @@ constexpr int64_t kMinBf16Queries = 11;
 namespace AVX512_BF16 {
 const DotProductAttentionBf16Kernels& dot_product_attention_bf16_kernels();
 }
+/// The same passes with their products on AMX tiles (CpuIsa::kAmxBf16).
+namespace AMX_BF16 {
+const DotProductAttentionBf16Kernels& dot_product_attention_bf16_kernels();
+}
 
 /// The bfloat16 kernels, where the instruction set chosen for this process
-/// has them (CpuIsa::kAvx512Bf16), else nullptr: bfloat16 is then widened to
-/// float for the float kernels.
+/// has them (CpuIsa::kAvx512Bf16 or kAmxBf16), else nullptr: bfloat16 is
+/// then widened to float for the float kernels.
 const DotProductAttentionBf16Kernels* dot_product_attention_bf16_kernels();
+
+/// Why this process runs no AMX kernel on a CPU that has AMX for bfloat16
+/// (Linux refused the tile state, or this build has no AMX kernel), or
+/// empty: the CPU has none, or the kernels may use it.
+std::string amx_refusal();
 
 }  // namespace d2l::cpu

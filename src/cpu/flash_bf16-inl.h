@@ -169,6 +169,15 @@ inline void transpose_pairs(const c10::BFloat16* x, int64_t rows, int64_t cols, 
   }
 }
 
+/// out[c · ldo + r] = x[r · ldx + c] for rows r < rows and columns c < cols
+/// of pairs: transpose_into's squares of floats (vec_helpers-inl.h), which
+/// only move 32-bit lanes, so every pair's bits are kept.
+inline void transpose_pair_matrix(const Pair* x, int64_t ldx, int64_t rows, int64_t cols,
+                                  Pair* out, int64_t ldo) {
+  transpose_into(reinterpret_cast<const float*>(x), ldx, rows, rows, cols,
+                 reinterpret_cast<float*>(out), ldo);
+}
+
 /// The valid lengths of rows [i0, i0 + rows) of batch entry b (blocks never
 /// straddle two entries) into len[0:rows], and their maximum: with one
 /// length per entry, one look-up rather than a division per row.
@@ -196,12 +205,10 @@ inline int64_t bf16_key_block(int64_t longest, int64_t parts) {
 }
 
 // C[0:8, 0:32] (= or +=) A[0:8, 0:K] · B[0:K, 0:32] in pairs: row r of A is
-// a[r][k · step] (step 1 unless A is read transposed), row k of B is 32
-// pairs at B + k · ldb. Named accumulators and not inlined, as gemm_tile.
-template <bool kTransA>
-C10_NOINLINE void gemm_bf16_tile(int64_t K, const Pair* const* a, int64_t a_step, const Pair* B,
-                                 int64_t ldb, float* const* c, bool accumulate) {
-  const int64_t step = kTransA ? a_step : 1;
+// a[r][0:K], row k of B is 32 pairs at B + k · ldb. Named accumulators and
+// not inlined, as gemm_tile.
+C10_NOINLINE void gemm_bf16_tile(int64_t K, const Pair* const* a, const Pair* B, int64_t ldb,
+                                 float* const* c, bool accumulate) {
   auto init = [&](int r, int half) {
     return accumulate ? _mm512_loadu_ps(c[r] + half * 16) : _mm512_setzero_ps();
   };
@@ -214,11 +221,10 @@ C10_NOINLINE void gemm_bf16_tile(int64_t K, const Pair* const* a, int64_t a_step
   for (int64_t k = 0; k < K; ++k) {
     const auto b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + k * ldb));
     const auto b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + k * ldb + 16));
-    const int64_t ak = k * step;
-#define D2L_TILE_ROW(r)                                                                        \
-  {                                                                                            \
-    const auto x =                                                                             \
-        reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a##r + ak)))); \
+#define D2L_TILE_ROW(r)                                                                       \
+  {                                                                                           \
+    const auto x =                                                                            \
+        reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(load_pair(a##r + k)))); \
     c##r##0 = _mm512_dpbf16_ps(c##r##0, x, b0);                                                \
     c##r##1 = _mm512_dpbf16_ps(c##r##1, x, b1);                                                \
   }
@@ -234,16 +240,11 @@ C10_NOINLINE void gemm_bf16_tile(int64_t K, const Pair* const* a, int64_t a_step
 #undef D2L_TILE_ROW
 }
 
-/// C[0:rows, 0:tiles·32] (= or +=) A[0:rows, 0:K] · B in pairs, laid out as
-/// gemm's (gemm-inl.h) with pairs for elements: A row-major (row stride lda
-/// pairs), or with kTransA its element (i, k) at A[k · lda + i]; tile t of B
-/// at B + t · b_tile_stride, its rows ldb pairs apart; C's rows hold whole
-/// tiles.
-template <bool kTransA = false>
-void gemm_bf16(int64_t rows, int64_t tiles, int64_t K, const Pair* A, int64_t lda, const Pair* B,
-               int64_t ldb, int64_t b_tile_stride, float* C, int64_t ldc, bool accumulate) {
+/// gemm_bf16 in register tiles of VDPBF16PS.
+inline void gemm_bf16_registers(int64_t rows, int64_t tiles, int64_t K, const Pair* A,
+                                int64_t lda, const Pair* B, int64_t ldb, int64_t b_tile_stride,
+                                float* C, int64_t ldc, bool accumulate) {
   constexpr int64_t R = kPairTileRows, W = kPairTile;
-  const int64_t row_stride = kTransA ? 1 : lda;
   alignas(64) float spare[R][W];
   const Pair* a[R];
   float* c[R];
@@ -251,13 +252,155 @@ void gemm_bf16(int64_t rows, int64_t tiles, int64_t K, const Pair* A, int64_t ld
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
       for (int64_t r = 0; r < R; ++r) {
         const bool real = r0 + r < rows;
-        a[r] = A + (real ? r0 + r : r0) * row_stride;
+        a[r] = A + (real ? r0 + r : r0) * lda;
         c[r] = real ? C + (r0 + r) * ldc + t * W : spare[r];
         if (!real && accumulate) std::fill(spare[r], spare[r] + W, 0.0f);
       }
-      gemm_bf16_tile<kTransA>(K, a, lda, B + t * b_tile_stride, ldb, c, accumulate);
+      gemm_bf16_tile(K, a, B + t * b_tile_stride, ldb, c, accumulate);
     }
   }
+}
+
+}  // namespace
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu
+
+#if defined(CPU_CAPABILITY_AMX_BF16)
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+// Note [AMX tiles]
+// TDPBF16PS multiplies tiles: C (16 rows × 16 floats) += A (16 rows × 16
+// pairs) · B (16 rows of pairs × 16 columns), B's rows being pairs along the
+// reduction, as the register tiles' B already is (flash_bf16-inl.h). Each
+// thread loads one configuration for the whole of a task (TileScope): every
+// tile 16 rows of 64 bytes, tiles 0-3 for C (32 rows × 32 columns: one
+// register tile's width), 4-5 for A and 6-7 for B. What falls outside whole
+// tiles (rows past a multiple of 16, pairs past a multiple of 16) runs in
+// the register tiles, which the same file has.
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+/// The tile configuration of Note [AMX tiles], loaded for the lifetime of a
+/// task in one thread and released after it (the tile state is the
+/// thread's; another library's products may load another between tasks).
+class TileScope {
+ public:
+  TileScope() {
+    alignas(64) TileConfig config;
+    for (int t = 0; t < 8; ++t) {
+      config.rows[t] = 16;
+      config.bytes_per_row[t] = 64;
+    }
+    _tile_loadconfig(&config);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// The tile loads and stores are asm statements that do not tell the
+// compiler which memory they read or write: a barrier before the loads and
+// after the stores keeps every other access on its side.
+inline void memory_barrier() { asm volatile("" ::: "memory"); }
+
+// C[0:16 · kRowTiles, 0:32] (= or +=) A[0:16 · kRowTiles, 0:K] · B[0:K, 0:32],
+// K a multiple of 16 pairs; strides in pairs and floats, as gemm_bf16's.
+template <int kRowTiles>
+inline void amx_tile_block(int64_t K, const Pair* A, int64_t lda, const Pair* B, int64_t ldb,
+                           float* C, int64_t ldc, bool accumulate) {
+  const int64_t a_stride = lda * 4, b_stride = ldb * 4, c_stride = ldc * 4;
+  if (accumulate) {
+    _tile_loadd(0, C, c_stride);
+    _tile_loadd(1, C + 16, c_stride);
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(2, C + 16 * ldc, c_stride);
+      _tile_loadd(3, C + 16 * ldc + 16, c_stride);
+    }
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (kRowTiles == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  for (int64_t k = 0; k < K; k += 16) {
+    _tile_loadd(6, B + k * ldb, b_stride);
+    _tile_loadd(7, B + k * ldb + 16, b_stride);
+    _tile_loadd(4, A + k, a_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(5, A + 16 * lda + k, a_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, C, c_stride);
+  _tile_stored(1, C + 16, c_stride);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, C + 16 * ldc, c_stride);
+    _tile_stored(3, C + 16 * ldc + 16, c_stride);
+  }
+}
+
+}  // namespace
+}  // namespace CPU_CAPABILITY
+}  // namespace d2l::cpu
+#endif
+
+namespace d2l::cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+#if !defined(CPU_CAPABILITY_AMX_BF16)
+/// Nothing to configure without tiles.
+struct TileScope {
+  TileScope() {}
+};
+#endif
+
+/// C[0:rows, 0:tiles·32] (= or +=) A[0:rows, 0:K] · B in pairs, laid out as
+/// gemm's (gemm-inl.h) with pairs for elements: A row-major (row stride lda
+/// pairs); tile t of B at B + t · b_tile_stride, its rows ldb pairs apart;
+/// C's rows hold whole tiles. With AMX, inside a TileScope: whole tiles on
+/// the tiles (Note [AMX tiles]), the rest in registers.
+inline void gemm_bf16(int64_t rows, int64_t tiles, int64_t K, const Pair* A, int64_t lda,
+                      const Pair* B, int64_t ldb, int64_t b_tile_stride, float* C, int64_t ldc,
+                      bool accumulate) {
+#if defined(CPU_CAPABILITY_AMX_BF16)
+  const int64_t rows16 = rows / 16 * 16, k16 = K / 16 * 16;
+  if (rows16 > 0 && k16 > 0) {
+    memory_barrier();
+    for (int64_t t = 0; t < tiles; ++t) {
+      const Pair* b = B + t * b_tile_stride;
+      float* c = C + t * kPairTile;
+      int64_t r0 = 0;
+      for (; r0 + 32 <= rows16; r0 += 32) {
+        amx_tile_block<2>(k16, A + r0 * lda, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+      }
+      if (r0 < rows16) amx_tile_block<1>(k16, A + r0 * lda, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+    }
+    memory_barrier();
+    if (k16 < K) {
+      gemm_bf16_registers(rows16, tiles, K - k16, A + k16, lda, B + k16 * ldb, ldb, b_tile_stride,
+                          C, ldc, true);
+    }
+    if (rows16 < rows) {
+      gemm_bf16_registers(rows - rows16, tiles, K, A + rows16 * lda, lda, B, ldb, b_tile_stride,
+                          C + rows16 * ldc, ldc, accumulate);
+    }
+    return;
+  }
+#endif
+  gemm_bf16_registers(rows, tiles, K, A, lda, B, ldb, b_tile_stride, C, ldc, accumulate);
 }
 
 }  // namespace
