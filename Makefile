@@ -536,12 +536,23 @@ bench-spread: deps configure
 	  --runs $(SPREAD_RUNS) --threads $(BENCH_THREADS) --out $(BUILD_DIR)/bench-spread-report.md
 	cat $(BUILD_DIR)/bench-spread-report.md
 
-# GoogleTest's sources for a lent GPU machine, which has no Debian packages:
-# the device call carries .device/ and runs .ci/gpu-run (README, "LibTorch
-# versions and CUDA").
+# What a lent GPU machine, which has no Debian packages, needs from here:
+# GoogleTest's sources, SLEEF's library (the AVX2/AVX-512 kernels; sleef.h
+# comes with the wheel) and Google Benchmark's (bench_attention). The device
+# call carries .device/ and runs .ci/gpu-run (docs/building.md, "Machines
+# without Debian's packages"). Files, not symbolic links: a link travels as
+# a link only.
+DEVICE_LIB := /usr/lib/x86_64-linux-gnu
 device-sources:
-	$(call install_missing,libgtest-dev libgmock-dev)
-	rm -rf .device && mkdir -p .device && cp -r /usr/src/googletest .device/googletest
+	$(call install_missing,libgtest-dev libgmock-dev libsleef-dev libbenchmark-dev)
+	rm -rf .device && mkdir -p .device/sleef .device/benchmark/include \
+	  .device/benchmark/lib/x86_64-linux-gnu/cmake
+	cp -r /usr/src/googletest .device/googletest
+	cp -L $(DEVICE_LIB)/libsleef.so .device/sleef/libsleef.so.3
+	cp -r /usr/include/benchmark .device/benchmark/include/
+	cp -r $(DEVICE_LIB)/cmake/benchmark .device/benchmark/lib/x86_64-linux-gnu/cmake/
+	for f in $(DEVICE_LIB)/libbenchmark.so.* $(DEVICE_LIB)/libbenchmark_main.a; do \
+	  cp -L $$f .device/benchmark/lib/x86_64-linux-gnu/; done
 
 # Regenerates the golden fixtures from the Python reference code.
 fixtures: deps-python fashion-mnist

@@ -74,9 +74,10 @@ struct PathExplanation {
 enum class CpuIsa { kDefault, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16 };
 
 /// The instruction set the fused kernels run with in this process: the widest
-/// one that both this CPU and this build of the library have, unless the
-/// environment variable D2L_CPU_ISA (`default`, `avx2`, `avx512`,
-/// `avx512_bf16` or `amx_bf16`) caps it or set_cpu_isa chose another.
+/// one up to kAvx512Bf16 that both this CPU and this build of the library
+/// have, unless the environment variable D2L_CPU_ISA (`default`, `avx2`,
+/// `avx512`, `avx512_bf16` or `amx_bf16`) names another or set_cpu_isa chose
+/// one. kAmxBf16 runs only when asked for so (docs/kernels.md, "bfloat16").
 CpuIsa cpu_isa();
 
 /// Chooses the kernels' instruction set, e.g. to compare them; throws

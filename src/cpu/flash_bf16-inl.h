@@ -18,6 +18,7 @@
 
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -287,6 +288,91 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
+#if defined(D2L_AMX_SOFTWARE_TILES)
+// A model of the five tile instructions used here, in plain C++, for
+// builds that test the AMX kernel's blocking on CPUs without AMX
+// (D2L_AMX_SOFTWARE_TILES, set by the sanitizer presets: every tile load
+// and store is then an ordinary access that AddressSanitizer checks). It
+// follows Intel's definitions: a tile is `rows` rows of `bytes_per_row`
+// bytes as configured (loading an unconfigured tile is an error, as it
+// faults on the hardware); TDPBF16PS adds to C[m][n] the products of A's
+// pair k of row m with B's pair n of row k, bfloat16 denormals read as
+// zero. Not a library feature: a build with it runs no tile instruction.
+struct SoftwareTiles {
+  bool configured = false;
+  TileConfig config;
+  alignas(64) unsigned char data[8][1024];
+};
+inline thread_local SoftwareTiles software_tiles;
+
+inline void tile_configure(const TileConfig* c) {
+  software_tiles.config = *c;
+  software_tiles.configured = true;
+  std::memset(software_tiles.data, 0, sizeof software_tiles.data);
+}
+inline void tile_release() { software_tiles.configured = false; }
+inline void tile_check(int t) {
+  TORCH_INTERNAL_ASSERT(software_tiles.configured, "tile instruction outside a TileScope");
+  TORCH_INTERNAL_ASSERT(software_tiles.config.rows[t] == 16 &&
+                        software_tiles.config.bytes_per_row[t] == 64);
+}
+inline void tile_load(int t, const void* base, int64_t stride) {
+  tile_check(t);
+  for (int r = 0; r < 16; ++r) {
+    std::memcpy(software_tiles.data[t] + r * 64, static_cast<const char*>(base) + r * stride, 64);
+  }
+}
+inline void tile_store(int t, void* base, int64_t stride) {
+  tile_check(t);
+  for (int r = 0; r < 16; ++r) {
+    std::memcpy(static_cast<char*>(base) + r * stride, software_tiles.data[t] + r * 64, 64);
+  }
+}
+inline void tile_zero(int t) {
+  tile_check(t);
+  std::memset(software_tiles.data[t], 0, 1024);
+}
+inline float bf16_daz(uint16_t x) {
+  if ((x & 0x7f80) == 0) x &= 0x8000;  // denormal (or zero): zero of its sign
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline void tile_dpbf16ps(int c, int a, int b) {
+  tile_check(c);
+  tile_check(a);
+  tile_check(b);
+  float C[16][16];
+  Pair A[16][16], B[16][16];
+  std::memcpy(C, software_tiles.data[c], 1024);
+  std::memcpy(A, software_tiles.data[a], 1024);
+  std::memcpy(B, software_tiles.data[b], 1024);
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 16; ++n) {
+      float sum = C[m][n];
+      for (int k = 0; k < 16; ++k) {
+        sum += bf16_daz(A[m][k] & 0xffff) * bf16_daz(B[k][n] & 0xffff);
+        sum += bf16_daz(A[m][k] >> 16) * bf16_daz(B[k][n] >> 16);
+      }
+      C[m][n] = sum;
+    }
+  }
+  std::memcpy(software_tiles.data[c], C, 1024);
+}
+#define D2L_TILE_LOADD(t, base, stride) tile_load(t, base, stride)
+#define D2L_TILE_STORED(t, base, stride) tile_store(t, base, stride)
+#define D2L_TILE_ZERO(t) tile_zero(t)
+#define D2L_TILE_DPBF16PS(c, a, b) tile_dpbf16ps(c, a, b)
+#else
+inline void tile_configure(const TileConfig* c) { _tile_loadconfig(c); }
+inline void tile_release() { _tile_release(); }
+#define D2L_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
+#define D2L_TILE_STORED(t, base, stride) _tile_stored(t, base, stride)
+#define D2L_TILE_ZERO(t) _tile_zero(t)
+#define D2L_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
+#endif
+
 /// The tile configuration of Note [AMX tiles], loaded for the lifetime of a
 /// task in one thread and released after it (the tile state is the
 /// thread's; another library's products may load another between tasks).
@@ -298,9 +384,9 @@ class TileScope {
       config.rows[t] = 16;
       config.bytes_per_row[t] = 64;
     }
-    _tile_loadconfig(&config);
+    tile_configure(&config);
   }
-  ~TileScope() { _tile_release(); }
+  ~TileScope() { tile_release(); }
   TileScope(const TileScope&) = delete;
   TileScope& operator=(const TileScope&) = delete;
 };
@@ -317,37 +403,37 @@ inline void amx_tile_block(int64_t K, const Pair* A, int64_t lda, const Pair* B,
                            float* C, int64_t ldc, bool accumulate) {
   const int64_t a_stride = lda * 4, b_stride = ldb * 4, c_stride = ldc * 4;
   if (accumulate) {
-    _tile_loadd(0, C, c_stride);
-    _tile_loadd(1, C + 16, c_stride);
+    D2L_TILE_LOADD(0, C, c_stride);
+    D2L_TILE_LOADD(1, C + 16, c_stride);
     if constexpr (kRowTiles == 2) {
-      _tile_loadd(2, C + 16 * ldc, c_stride);
-      _tile_loadd(3, C + 16 * ldc + 16, c_stride);
+      D2L_TILE_LOADD(2, C + 16 * ldc, c_stride);
+      D2L_TILE_LOADD(3, C + 16 * ldc + 16, c_stride);
     }
   } else {
-    _tile_zero(0);
-    _tile_zero(1);
+    D2L_TILE_ZERO(0);
+    D2L_TILE_ZERO(1);
     if constexpr (kRowTiles == 2) {
-      _tile_zero(2);
-      _tile_zero(3);
+      D2L_TILE_ZERO(2);
+      D2L_TILE_ZERO(3);
     }
   }
   for (int64_t k = 0; k < K; k += 16) {
-    _tile_loadd(6, B + k * ldb, b_stride);
-    _tile_loadd(7, B + k * ldb + 16, b_stride);
-    _tile_loadd(4, A + k, a_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
+    D2L_TILE_LOADD(6, B + k * ldb, b_stride);
+    D2L_TILE_LOADD(7, B + k * ldb + 16, b_stride);
+    D2L_TILE_LOADD(4, A + k, a_stride);
+    D2L_TILE_DPBF16PS(0, 4, 6);
+    D2L_TILE_DPBF16PS(1, 4, 7);
     if constexpr (kRowTiles == 2) {
-      _tile_loadd(5, A + 16 * lda + k, a_stride);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      D2L_TILE_LOADD(5, A + 16 * lda + k, a_stride);
+      D2L_TILE_DPBF16PS(2, 5, 6);
+      D2L_TILE_DPBF16PS(3, 5, 7);
     }
   }
-  _tile_stored(0, C, c_stride);
-  _tile_stored(1, C + 16, c_stride);
+  D2L_TILE_STORED(0, C, c_stride);
+  D2L_TILE_STORED(1, C + 16, c_stride);
   if constexpr (kRowTiles == 2) {
-    _tile_stored(2, C + 16 * ldc, c_stride);
-    _tile_stored(3, C + 16 * ldc + 16, c_stride);
+    D2L_TILE_STORED(2, C + 16 * ldc, c_stride);
+    D2L_TILE_STORED(3, C + 16 * ldc + 16, c_stride);
   }
 }
 
