@@ -139,14 +139,9 @@ DotProductPath flash_kernel(const DotProductParams& p, std::vector<std::string>*
     const auto why = why_not_flash_bf16(p);
     if (why.empty()) {
       // On a CPU with AMX: why its tiles are not what the products run on.
-      const std::string amx = cpu::amx_refusal();
-      if (!amx.empty()) {
-        refuse(reasons, {"flash_bf16_amx"}, amx + "; the products run in VDPBF16PS");
-      } else if (cpu_isa() == CpuIsa::kAvx512Bf16 && cpu_isa_available(CpuIsa::kAmxBf16)) {
-        refuse(reasons, {"flash_bf16_amx"},
-               "the kernels' instruction set is avx512_bf16 (the AMX kernel runs when asked for: "
-               "D2L_CPU_ISA=amx_bf16 or d2l::set_cpu_isa(d2l::CpuIsa::kAmxBf16)); the products "
-               "run in VDPBF16PS");
+      if (reasons != nullptr) {
+        const std::string amx = cpu::amx_unused_reason();
+        if (!amx.empty()) refuse(reasons, {"flash_bf16_amx"}, amx + "; the products run in VDPBF16PS");
       }
       return DotProductPath::kFlashBf16;
     }

@@ -57,36 +57,48 @@ bool avx512_bf16_runnable() {
 }
 
 // AMX for bfloat16 (TDPBF16PS on tiles): what the CPU says (CPUID leaf 7:
-// AMX-TILE and AMX-BF16), and whether Linux lets this process use the tile
-// data, which it enables per process on request (arch_prctl
-// ARCH_REQ_XCOMP_PERM, Linux 5.16 and later; sandboxes and older kernels
-// refuse it, and a tile instruction without it is SIGILL). Asked once.
-struct AmxState {
-  bool cpu = false;      // the CPU has AMX-TILE and AMX-BF16
-  bool granted = false;  // and this process may use the tile data
-  std::string refusal;   // why not, where the CPU has it
-};
-
-const AmxState& amx_state() {
-  static const AmxState state = [] {
-    AmxState s;
+// AMX-TILE and AMX-BF16).
+[[maybe_unused]] bool cpu_has_amx_bf16() {
+  static const bool has = [] {
 #ifdef D2L_AMX_PROBE
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return s;
-    s.cpu = (edx >> 24 & 1) != 0 && (edx >> 22 & 1) != 0;
-    if (!s.cpu) return s;
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (edx >> 24 & 1) != 0 &&
+           (edx >> 22 & 1) != 0;
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
+
+// Whether Linux lets this process use the tile data, which it enables per
+// process on request (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16 and later;
+// sandboxes and older kernels refuse it, and a tile instruction without it
+// is SIGILL). Asked once, and only when something asks for amx_bf16: the
+// grant enlarges every signal frame of the process.
+struct AmxPermission {
+  bool granted = false;
+  std::string refusal;  // why not
+};
+std::atomic<bool> amx_permission_asked{false};
+
+[[maybe_unused]] const AmxPermission& amx_permission() {
+  static const AmxPermission permission = [] {
+    AmxPermission p;
+#ifdef D2L_AMX_PROBE
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
-      s.granted = true;
+      p.granted = true;
     } else {
-      s.refusal = fmt::format(
+      p.refusal = fmt::format(
           "Linux refused this process the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM): {})",
           std::strerror(errno));
     }
 #endif
-    return s;
+    amx_permission_asked.store(true, std::memory_order_release);
+    return p;
   }();
-  return state;
+  return permission;
 }
 
 // The bfloat16 flash kernel on AMX tiles: built, and the CPU's tiles granted
@@ -95,7 +107,7 @@ bool amx_bf16_runnable() {
 #if defined(D2L_HAVE_AMX_BF16_KERNELS) && defined(D2L_AMX_SOFTWARE_TILES)
   return avx512_bf16_runnable();
 #elif defined(D2L_HAVE_AMX_BF16_KERNELS)
-  return avx512_bf16_runnable() && amx_state().granted;
+  return avx512_bf16_runnable() && cpu_has_amx_bf16() && amx_permission().granted;
 #else
   return false;
 #endif
@@ -193,18 +205,25 @@ D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(MultiHeadAttentionKernels, multi_head_attention_kernels)
 
-std::string amx_refusal() {
-#if defined(D2L_AMX_SOFTWARE_TILES)
-  return {};
+std::string amx_unused_reason() {
+  if (cpu_isa() == CpuIsa::kAmxBf16) return {};
+#if defined(D2L_HAVE_AMX_BF16_KERNELS) && defined(D2L_AMX_SOFTWARE_TILES)
+  const bool cpu_has = avx512_bf16_runnable();  // the model stands for the tiles
+#else
+  const bool cpu_has = cpu_has_amx_bf16();
 #endif
-  const AmxState& amx = amx_state();
-  if (!amx.cpu) return {};
-  if (!amx.granted) return amx.refusal;
+  if (!cpu_has) return {};
 #if !defined(D2L_HAVE_AMX_BF16_KERNELS)
   return "this build of the library has no AMX kernel (the compiler did not take -mamx-tile "
          "-mamx-bf16)";
 #else
-  return {};
+  if (amx_permission_asked.load(std::memory_order_acquire) && !amx_permission().granted) {
+    return amx_permission().refusal;
+  }
+  return fmt::format(
+      "the kernels' instruction set is {} (the AMX kernel runs when asked for: "
+      "D2L_CPU_ISA=amx_bf16 or d2l::set_cpu_isa(d2l::CpuIsa::kAmxBf16))",
+      to_string(cpu_isa()));
 #endif
 }
 

@@ -75,9 +75,10 @@ const DotProductAttentionBf16Kernels& dot_product_attention_bf16_kernels();
 /// then widened to float for the float kernels.
 const DotProductAttentionBf16Kernels* dot_product_attention_bf16_kernels();
 
-/// Why this process runs no AMX kernel on a CPU that has AMX for bfloat16
-/// (Linux refused the tile state, or this build has no AMX kernel), or
-/// empty: the CPU has none, or the kernels may use it.
-std::string amx_refusal();
+/// Why the bfloat16 kernel's products do not run on AMX tiles in this
+/// process although the CPU has AMX for bfloat16 (not asked for, Linux
+/// refused the tile state, or this build has no AMX kernel), or empty: the
+/// CPU has none, or they do. Asks Linux nothing.
+std::string amx_unused_reason();
 
 }  // namespace d2l::cpu
