@@ -152,11 +152,20 @@ bool cpu_isa_available(CpuIsa isa) {
 }
 
 void set_cpu_isa(CpuIsa isa) {
-  TORCH_CHECK(cpu_isa_available(isa),
+  if (cpu_isa_available(isa)) {
+    chosen_isa().store(isa, std::memory_order_relaxed);
+    return;
+  }
+  // A CPU with AMX whose tile state Linux refused: say that, not "lacks".
+  const bool refused = isa == CpuIsa::kAmxBf16 && cpu_has_amx_bf16() &&
+                       amx_permission_asked.load(std::memory_order_acquire) &&
+                       !amx_permission().granted;
+  TORCH_CHECK(!refused, fmt::format("d2l::set_cpu_isa: amx_bf16 kernels cannot run here: {}",
+                                    amx_permission().refusal));
+  TORCH_CHECK(false,
               fmt::format("d2l::set_cpu_isa: {} kernels cannot run here (the CPU lacks the "
                           "instructions or the library was built without that variant)",
                           to_string(isa)));
-  chosen_isa().store(isa, std::memory_order_relaxed);
 }
 
 std::string to_string(CpuIsa isa) {
