@@ -13,6 +13,7 @@
 # TORCH picks the LibTorch:
 #   debian        Debian's libtorch-dev (1.13 on Debian 12), the default
 #   wheel         PyPI's torch $(TORCH2_VERSION) in a project-local .venv
+#                 (TORCH2_VARIANT=cpu: without its CUDA packages, in .venv-cpu)
 #   <prefix>      any other LibTorch: a folder holding TorchConfig.cmake (an
 #                 official archive's libtorch/, or a wheel's
 #                 torch.utils.cmake_prefix_path); Debian's libtorch-dev is
@@ -35,14 +36,33 @@ DEBIAN_TORCH_PACKAGES := libtorch-dev
 # the Fashion-MNIST fixture also PIL (the book's resize).
 PYTHON_PACKAGES := python3-torch python3-pil
 
-# The LibTorch 2.x leg: PyPI's torch wheel (a CUDA build; its LibTorch also
-# compiles our CUDA paths) in a project-local virtual environment. Pinned:
+# The LibTorch 2.x leg: PyPI's torch wheel (a CUDA build; with its CUDA
+# packages its LibTorch also compiles our NCCL path) in a project-local
+# virtual environment. Pinned:
 # the GPU machines carry 2.11, and 2.14 on needs C++20.
 TORCH2_VERSION ?= 2.11.0
-VENV           ?= .venv
+# TORCH2_VARIANT: cuda (the wheel as pip installs it, with its CUDA packages:
+# 4.6 GB) or cpu (the wheel without them, 1.3 GB, in its own environment; the
+# build links LibTorch's CPU libraries, D2L_TORCH_CPU_ONLY, and has no CUDA).
+TORCH2_VARIANT ?= cuda
+ifeq ($(TORCH2_VARIANT),cuda)
+  VENV ?= .venv
+  TORCH2_PIP := torch==$(TORCH2_VERSION)
+  TORCH2_CMAKE_ARGS :=
+else ifeq ($(TORCH2_VARIANT),cpu)
+  VENV ?= .venv-cpu
+  # torch alone, and the two CUDA libraries libtorch_cpu.so links (the CUDA
+  # runtime and CUPTI, 9 MB), at the versions torch $(TORCH2_VERSION) names.
+  TORCH2_PIP := --no-deps torch==$(TORCH2_VERSION) nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85
+  TORCH2_CMAKE_ARGS := -DD2L_TORCH_CPU_ONLY=ON
+else
+  $(error TORCH2_VARIANT=$(TORCH2_VARIANT): cuda or cpu)
+endif
 BUILD2_DIR     ?= build-torch2
-TORCH2_STAMP   := $(VENV)/.torch-$(TORCH2_VERSION)
-TORCH2_PREFIX   = $$($(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+TORCH2_STAMP   := $(VENV)/.torch-$(TORCH2_VERSION)-$(TORCH2_VARIANT)
+# torch.utils.cmake_prefix_path, found without importing torch (the cpu
+# variant cannot import it: its Python dependencies are not installed).
+TORCH2_PREFIX   = $$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"] + "/torch/share/cmake")')
 # The sanitizer and fuzz builds (CMakePresets.json): clang 14 and its runtimes.
 SANITIZER_PACKAGES := clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -50,10 +70,15 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # How long `make fuzz` fuzzes, and the bounded run inside `make check`.
 FUZZ_SECONDS ?= 60
 CI_FUZZ_SECONDS ?= 60
-# What `make check` needs free to start: it left 7.5 GiB in a fresh clone
-# (4.6 of them .venv/), and pip's download cache takes about 3 more; the
-# Debian 13 root and its build tree 3.2 more, the Debian 12 root about 2.
-CHECK_DISK_GIB ?= 16
+# CHECK_PRUNE=1 (the default under CI): each leg's build tree, Debian root
+# and Python environment is deleted once the leg has passed, but for the logs
+# the summary reads (tests/check_prune.sh); CHECK_PRUNE=0 keeps them all.
+CHECK_PRUNE ?= $(if $(CI),1,0)
+# What `make check` needs free to start (measured in a fresh clone, with
+# Debian's packages to install: docs/building.md, "What CI runs"): pruned,
+# its largest leg (the Debian 13 root and build tree) and the packages;
+# unpruned, every tree, both roots and .venv-cpu.
+CHECK_DISK_GIB ?= $(if $(filter 1,$(CHECK_PRUNE)),5,12)
 
 # A LibTorch named on the CMake side (CMAKE_ARGS or the environment) counts
 # as TORCH=<prefix>: two LibTorch installations on one machine are how
@@ -68,7 +93,7 @@ ifeq ($(TORCH),debian)
 else ifeq ($(TORCH),wheel)
   BUILD_DIR ?= $(BUILD2_DIR)
   TORCH_DEPS := deps-torch2
-  TORCH_CMAKE_ARGS = -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)"
+  TORCH_CMAKE_ARGS = -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)" $(TORCH2_CMAKE_ARGS)
 else
   TORCH_CONFIG := $(firstword $(wildcard $(addprefix $(TORCH)/,TorchConfig.cmake Torch/TorchConfig.cmake \
                     share/cmake/Torch/TorchConfig.cmake lib/cmake/Torch/TorchConfig.cmake)))
@@ -100,7 +125,7 @@ define install_missing
 	    echo "make: needs the Debian packages $$missing, and this is not Debian: install their equivalents, or build with plain CMake (docs/building.md)" >&2; exit 1; }; \
 	  echo "Installing Debian packages:" $$missing; \
 	  $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q -o APT::Keep-Downloaded-Packages=false $$missing; \
 	fi
 endef
 
@@ -116,16 +141,17 @@ deps-python:
 deps-sanitizers: deps
 	$(call install_missing,$(SANITIZER_PACKAGES))
 
-# Debian's python3 (3.11) makes the environment; pip brings torch and the
-# CUDA libraries it links (about 3 GB, cached by pip for the next time).
+# Debian's python3 (3.11) makes the environment; pip brings torch and, for
+# the cuda variant, the CUDA libraries it links (about 3 GB). Not kept in
+# pip's cache: that would hold the 3 GB a second time.
 deps-torch2: $(TORCH2_STAMP)
 	$(call install_missing,$(DEBIAN_PACKAGES))
 
 $(TORCH2_STAMP):
 	$(call install_missing,python3-venv)
 	/usr/bin/python3 -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==$(TORCH2_VERSION)
-	$(VENV)/bin/python -c 'import torch; assert torch.__version__.split("+")[0] == "$(TORCH2_VERSION)", torch.__version__'
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir $(TORCH2_PIP)
+	$(VENV)/bin/python -c 'import importlib.metadata as m; v = m.version("torch"); assert v.split("+")[0] == "$(TORCH2_VERSION)", v'
 	touch $@
 
 $(BUILD_DIR)/CMakeCache.txt: | deps
@@ -303,8 +329,10 @@ test: configure
 #                its Debian packages installed, used and removed in a clean
 #                Debian 12 root (make test-package-debian12);
 #   build-asan-torch2: the suite under AddressSanitizer + UBSan (clang 14) on
-#                PyPI's torch $(TORCH2_VERSION) (a CUDA build: it also compiles
-#                the CUDA paths; CUDA tests skip without a GPU);
+#                PyPI's torch $(TORCH2_VERSION) without its CUDA packages
+#                (TORCH2_VARIANT=cpu, in .venv-cpu: CI's disk does not hold
+#                the 3 GB of them); the CUDA wheel's own build and the CUDA
+#                paths are make test TORCH=wheel's and .ci/gpu-run's;
 #   build-tsan:  the concurrency and kernel-thread tests under ThreadSanitizer;
 #   build-fuzz:  fuzz_attention for CI_FUZZ_SECONDS from the committed corpus
 #                (ASan + UBSan, 1.13, the static library);
@@ -317,14 +345,19 @@ test: configure
 # (docs/building.md, "What CI runs").
 CHECK_LOGS := build/ctest.log build-asan-torch2/ctest.log \
               build-tsan/ctest.log build-fuzz/ctest.log build-debian13/ctest.log
+CHECK_VENV := .venv-cpu
+check_prune = $(if $(filter 1,$(CHECK_PRUNE)),tests/check_prune.sh $(1),true)
 check: check-disk
 	@t0=$$(date +%s); $(MAKE) test TORCH=debian BUILD_DIR=build && \
 	t1=$$(date +%s) && $(MAKE) test-package-debian12 && \
-	t2=$$(date +%s) && $(MAKE) test-asan-torch2 && \
-	t3=$$(date +%s) && $(MAKE) test-tsan && \
-	t4=$$(date +%s) && $(MAKE) test-fuzz && \
+	$(call check_prune,build $(DEBIAN12_ROOT)) && \
+	t2=$$(date +%s) && $(MAKE) test-asan-torch2 TORCH2_VARIANT=cpu VENV=$(CHECK_VENV) && \
+	$(call check_prune,build-asan-torch2 $(CHECK_VENV)) && \
+	t3=$$(date +%s) && $(MAKE) test-tsan && $(call check_prune,build-tsan) && \
+	t4=$$(date +%s) && $(MAKE) test-fuzz && $(call check_prune,build-fuzz) && \
 	t5=$$(date +%s) && $(MAKE) test-debian13 && \
 	t6=$$(date +%s) && $(MAKE) test-package-debian13 && \
+	$(call check_prune,build-debian13 $(DEBIAN13_ROOT)) && \
 	t7=$$(date +%s) && \
 	echo "make check: 1.13 $$((t1 - t0)) s, Debian 12 package $$((t2 - t1)) s, ASan 2.x $$((t3 - t2)) s," \
 	  "TSan $$((t4 - t3)) s, fuzz $$((t5 - t4)) s, Debian 13 $$((t6 - t5)) s, Debian 13 package $$((t7 - t6)) s," \
@@ -376,13 +409,13 @@ dist:
 check-disk:
 	@free=$$(df -Pk . | awk 'NR == 2 { printf "%d", $$4 / 1048576 }'); \
 	if [ "$$free" -lt $(CHECK_DISK_GIB) ]; then \
-	  echo "make check: $$free GiB free in $(CURDIR), needs $(CHECK_DISK_GIB) GiB (five build trees and .venv); free some, or run make test (one tree)" >&2; \
+	  echo "make check: $$free GiB free in $(CURDIR), needs $(CHECK_DISK_GIB) GiB (CHECK_PRUNE=$(CHECK_PRUNE)$(if $(filter 1,$(CHECK_PRUNE)),,: every leg's trees kept; CHECK_PRUNE=1 deletes each once it has passed)); free some, or run make test (one tree)" >&2; \
 	  exit 1; \
 	fi
 
 # The suite under ASan + UBSan against the wheel's LibTorch (clang 14).
 test-asan-torch2: deps-sanitizers deps-torch2
-	cmake --preset asan-ubsan-torch2 -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)"
+	cmake --preset asan-ubsan-torch2 -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)" -DD2L_TORCH_CPU_ONLY=$(if $(TORCH2_CMAKE_ARGS),ON,OFF)
 	cmake --build --preset asan-ubsan-torch2 -j $(JOBS)
 	rm -rf build-asan-torch2/gtest-reports
 	ctest --preset asan-ubsan-torch2 -j $(JOBS) -O build-asan-torch2/ctest.log

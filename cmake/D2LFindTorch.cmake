@@ -26,6 +26,21 @@ macro(d2l_find_torch)
   if(D2L_TORCH_OUTSIDE_SYSTEM)
     set(CMAKE_FIND_USE_CMAKE_SYSTEM_PATH ${D2L_SAVED_FIND_USE_SYSTEM_PATH})
   endif()
+  # D2L_TORCH_CPU_ONLY: link LibTorch's CPU libraries (torch_cpu, c10), not
+  # libtorch, which on a CUDA build loads libtorch_cuda and the CUDA libraries
+  # it needs (about 3 GB of the wheel's nvidia packages). A CUDA wheel installed
+  # without them (make's TORCH2_VARIANT=cpu) then builds and runs on the CPU.
+  if(D2L_TORCH_CPU_ONLY AND Torch_FOUND)
+    if(NOT TARGET torch_cpu OR NOT TARGET c10)
+      message(FATAL_ERROR "D2L_TORCH_CPU_ONLY: LibTorch at ${TORCH_INSTALL_PREFIX} defines no "
+                          "torch_cpu and c10 targets; configure without it")
+    endif()
+    # What the torch target carries: the C++ API's include folder, the ABI flag.
+    separate_arguments(D2L_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+    set_property(TARGET torch_cpu APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${TORCH_INCLUDE_DIRS})
+    set_property(TARGET torch_cpu APPEND PROPERTY INTERFACE_COMPILE_OPTIONS ${D2L_TORCH_CXX_FLAGS})
+    set(TORCH_LIBRARIES torch_cpu c10)
+  endif()
   # Libraries of two LibTorch installations in one program abort at start.
   foreach(lib IN ITEMS TORCH_LIBRARY c10_LIBRARY torch_cpu_LIBRARY C10_CUDA_LIBRARY)
     if(${lib} AND D2L_TORCH_OUTSIDE_SYSTEM)

@@ -36,6 +36,8 @@ debian_root_ensure() {  # SUITE ROOT [PACKAGES]
   if debian_mounted_in "$root"; then debian_say "something is still mounted under $root; not replacing it" >&2; return 1; fi
   $debian_sudo rm -rf "$root"
   $debian_sudo debootstrap --variant=minbase --include="$include" "$suite" "$root" "$debian_mirror"
+  # debootstrap leaves the packages it fetched in the root's apt cache.
+  $debian_sudo chroot "$root" apt-get clean
   $debian_sudo touch "$root/.d2l-root-ready"
 }
 

@@ -50,7 +50,7 @@ def named_patterns(section):
 
 def tracked_files(root):
     """The tree's files, without the build trees, environments and outputs that make adds."""
-    top_level = (".git", ".venv", ".debian12", ".debian13", "dist", "data")
+    top_level = (".git", ".venv", ".venv-cpu", ".debian12", ".debian13", "dist", "data")
     for folder, subfolders, names in os.walk(root):
         at_top = os.path.samefile(folder, root)
         subfolders[:] = [d for d in subfolders if d != "__pycache__" and not (
