@@ -108,7 +108,7 @@ endif
 .PHONY: deps deps-debian-torch deps-python deps-sanitizers deps-torch2 configure build demo nadaraya-watson \
         attention-pooling \
         multi-head python-weights python-transformer \
-        fra-eng fashion-mnist bahdanau transformer vit-fashion-mnist seq2seq test check check-disk build-torch2 \
+        fra-eng fashion-mnist bahdanau transformer vit-fashion-mnist seq2seq test check check-disk check-prune build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
         test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-nn bench-spread bench-dp device-sources \
         fixtures clean
@@ -346,7 +346,11 @@ test: configure
 CHECK_LOGS := build/ctest.log build-asan-torch2/ctest.log \
               build-tsan/ctest.log build-fuzz/ctest.log build-debian13/ctest.log
 CHECK_VENV := .venv-cpu
-check_prune = $(if $(filter 1,$(CHECK_PRUNE)),tests/check_prune.sh $(1),true)
+# Through make, so that `make -n check` prints the deletions instead of
+# running them (a recipe line that names $(MAKE) runs even under -n).
+check_prune = $(if $(filter 1,$(CHECK_PRUNE)),$(MAKE) --no-print-directory check-prune CHECK_PRUNE_PATHS="$(1)",true)
+check-prune:
+	tests/check_prune.sh $(CHECK_PRUNE_PATHS)
 check: check-disk
 	@t0=$$(date +%s); $(MAKE) test TORCH=debian BUILD_DIR=build && \
 	t1=$$(date +%s) && $(MAKE) test-package-debian12 && \
