@@ -353,15 +353,14 @@ check-prune:
 	tests/check_prune.sh $(CHECK_PRUNE_PATHS)
 check: check-disk
 	@t0=$$(date +%s); $(MAKE) test TORCH=debian BUILD_DIR=build && \
-	t1=$$(date +%s) && $(MAKE) test-package-debian12 && \
-	$(call check_prune,build $(DEBIAN12_ROOT)) && \
+	t1=$$(date +%s) && $(MAKE) package TORCH=debian BUILD_DIR=build && $(call check_prune,build) && \
+	$(MAKE) test-package-debian12 PACKAGE_BUILT=1 && $(call check_prune,$(DEBIAN12_ROOT)) && \
 	t2=$$(date +%s) && $(MAKE) test-asan-torch2 TORCH2_VARIANT=cpu VENV=$(CHECK_VENV) && \
 	$(call check_prune,build-asan-torch2 $(CHECK_VENV)) && \
 	t3=$$(date +%s) && $(MAKE) test-tsan && $(call check_prune,build-tsan) && \
 	t4=$$(date +%s) && $(MAKE) test-fuzz && $(call check_prune,build-fuzz) && \
-	t5=$$(date +%s) && $(MAKE) test-debian13 && \
-	t6=$$(date +%s) && $(MAKE) test-package-debian13 && \
-	$(call check_prune,build-debian13 $(DEBIAN13_ROOT)) && \
+	t5=$$(date +%s) && $(MAKE) test-debian13 && $(call check_prune,build-debian13) && \
+	t6=$$(date +%s) && $(MAKE) test-package-debian13 && $(call check_prune,$(DEBIAN13_ROOT)) && \
 	t7=$$(date +%s) && \
 	echo "make check: 1.13 $$((t1 - t0)) s, Debian 12 package $$((t2 - t1)) s, ASan 2.x $$((t3 - t2)) s," \
 	  "TSan $$((t4 - t3)) s, fuzz $$((t5 - t4)) s, Debian 13 $$((t6 - t5)) s, Debian 13 package $$((t7 - t6)) s," \
@@ -392,8 +391,10 @@ package: deps-package configure
 # (DEBIAN12_ROOT, built by debootstrap and kept) with make package's 1.13
 # build, and the Debian 13 root with its own.
 DEBIAN12_ROOT ?= .debian12
+# PACKAGE_BUILT=1: build/packages is there already (make check, which prunes
+# the build tree before the root is made).
 test-package-debian12:
-	$(MAKE) package TORCH=debian BUILD_DIR=build
+	$(if $(PACKAGE_BUILT),,$(MAKE) package TORCH=debian BUILD_DIR=build)
 	JOBS=$(JOBS) tests/debian_package.sh bookworm $(DEBIAN12_ROOT) build/packages
 test-package-debian13:
 	JOBS=$(JOBS) tests/debian_package.sh trixie $(DEBIAN13_ROOT) build-debian13/packages

@@ -3,7 +3,8 @@
 # the leg has passed (make check CHECK_PRUNE=1, the default under CI), so that
 # the whole matrix needs the disk of its largest leg, not of all of them:
 #   a build tree (CMakeCache.txt)    all but ctest.log and gtest-reports/,
-#                                    which make check's summary reads
+#                                    which make check's summary reads, and
+#                                    packages/, which the package legs install
 #   a Debian root (.d2l-root-ready)  all of it, never while anything is
 #                                    mounted under it (tests/debian_root.sh)
 #   a Python environment (pyvenv.cfg) all of it
@@ -15,10 +16,12 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/tests/debian_root.sh"
 
 for path in "$@"; do
-  if [ ! -e "$path" ]; then
+  if [ ! -e "$path" ] || [ -e "$path/.d2l-pruned" ]; then
     continue
   elif [ -f "$path/CMakeCache.txt" ]; then
-    find "$path" -mindepth 1 -maxdepth 1 ! -name ctest.log ! -name gtest-reports -exec rm -rf {} +
+    find "$path" -mindepth 1 -maxdepth 1 ! -name ctest.log ! -name gtest-reports ! -name packages \
+      -exec rm -rf {} +
+    touch "$path/.d2l-pruned"
   elif [ -e "$path/.d2l-root-ready" ]; then
     debian_root_remove "$path"
   elif [ -f "$path/pyvenv.cfg" ]; then
