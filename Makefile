@@ -74,10 +74,11 @@ CI_FUZZ_SECONDS ?= 60
 # and Python environment is deleted once the leg has passed, but for the logs
 # the summary reads (tests/check_prune.sh); CHECK_PRUNE=0 keeps them all.
 CHECK_PRUNE ?= $(if $(CI),1,0)
-# What `make check` needs free to start (measured in a fresh clone, with
-# Debian's packages to install: docs/building.md, "What CI runs"): pruned,
-# its largest leg (the Debian 13 root and build tree) and the packages;
-# unpruned, every tree, both roots and .venv-cpu.
+# What `make check` needs free to start (docs/building.md, "What CI runs"):
+# pruned, its largest leg (3.4 GiB measured: the Debian 13 root and build
+# tree) and Debian's packages (0.7 GB); unpruned, every tree, both roots and
+# .venv-cpu (the sum of the trees of a whole run, 13 GB, less the wheel's
+# 3.3 GB of CUDA packages), and the packages.
 CHECK_DISK_GIB ?= $(if $(filter 1,$(CHECK_PRUNE)),5,12)
 
 # A LibTorch named on the CMake side (CMAKE_ARGS or the environment) counts
