@@ -67,6 +67,12 @@ endfunction()
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix_path "${PREFIX_PATH}")
 set(args -DD2L_CONSUMER_MODE=${MODE})
+# The library built from source (subdirectory, FetchContent) links the LibTorch
+# libraries this build does (D2L_TORCH_CPU_ONLY: a CUDA wheel without its
+# CUDA packages); the installed package's config says so itself.
+if(TORCH_CPU_ONLY)
+  list(APPEND args -DD2L_TORCH_CPU_ONLY=ON)
+endif()
 set(target consumer)
 if(MODE STREQUAL "package")
   run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/installed")
