@@ -48,16 +48,19 @@ TORCH2_VARIANT ?= cuda
 ifeq ($(TORCH2_VARIANT),cuda)
   VENV ?= .venv
   TORCH2_PIP := torch==$(TORCH2_VERSION)
-  TORCH2_CMAKE_ARGS :=
+  TORCH2_CPU_ONLY := OFF
 else ifeq ($(TORCH2_VARIANT),cpu)
   VENV ?= .venv-cpu
   # torch alone, and the two CUDA libraries libtorch_cpu.so links (the CUDA
   # runtime and CUPTI, 9 MB), at the versions torch $(TORCH2_VERSION) names.
   TORCH2_PIP := --no-deps torch==$(TORCH2_VERSION) nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85
-  TORCH2_CMAKE_ARGS := -DD2L_TORCH_CPU_ONLY=ON
+  TORCH2_CPU_ONLY := ON
 else
   $(error TORCH2_VARIANT=$(TORCH2_VARIANT): cuda or cpu)
 endif
+# Named either way, so that a build tree configured with one variant follows
+# a switch to the other.
+TORCH2_CMAKE_ARGS := -DD2L_TORCH_CPU_ONLY=$(TORCH2_CPU_ONLY)
 BUILD2_DIR     ?= build-torch2
 TORCH2_STAMP   := $(VENV)/.torch-$(TORCH2_VERSION)-$(TORCH2_VARIANT)
 # torch.utils.cmake_prefix_path, found without importing torch (the cpu
@@ -421,7 +424,7 @@ check-disk:
 
 # The suite under ASan + UBSan against the wheel's LibTorch (clang 14).
 test-asan-torch2: deps-sanitizers deps-torch2
-	cmake --preset asan-ubsan-torch2 -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)" -DD2L_TORCH_CPU_ONLY=$(if $(TORCH2_CMAKE_ARGS),ON,OFF)
+	cmake --preset asan-ubsan-torch2 -DCMAKE_PREFIX_PATH="$(TORCH2_PREFIX)" $(TORCH2_CMAKE_ARGS)
 	cmake --build --preset asan-ubsan-torch2 -j $(JOBS)
 	rm -rf build-asan-torch2/gtest-reports
 	ctest --preset asan-ubsan-torch2 -j $(JOBS) -O build-asan-torch2/ctest.log
