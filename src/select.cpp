@@ -123,11 +123,6 @@ std::string why_not_flash_bf16(const DotProductParams& p) {
            "VDPBF16PS)";
   }
   if (p.need_weights) return "attention weights asked for (the bfloat16 kernel writes none)";
-  const int64_t n = p.queries.size(1);
-  if (n < cpu::kMinBf16Queries) {
-    return fmt::format("{} queries a batch entry (below {} they run row by row)", n,
-                       cpu::kMinBf16Queries);
-  }
   return {};
 }
 

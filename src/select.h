@@ -88,9 +88,8 @@ struct DotProductParams {
 /// The path functional::dot_product_attention runs. kFused runs the flash
 /// kernel when no training-time dropout is asked and no size is zero, and
 /// the fused softmax otherwise; bfloat16 runs the flash kernel's bfloat16
-/// kernel where the instruction set in use has it (CpuIsa::kAvx512Bf16), no
-/// weights are asked and a batch entry has at least kMinBf16Queries queries,
-/// else the float kernel on inputs widened to float (a "flash_bf16: <why>"
+/// kernel where the instruction set in use has it (CpuIsa::kAvx512Bf16) and
+/// no weights are asked, else the float kernel on inputs widened to float (a "flash_bf16: <why>"
 /// reason says which). A boolean mask that lengths cannot express
 /// runs the composite path, or SDPA where it would run anyway or is asked.
 /// Throws, naming `fn`, for kSdpa on LibTorch older than 2.1 or with

@@ -11,10 +11,13 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cpu/dot_product_attention_bf16_kernel_parts.h"
+#include "cpu/dot_product_attention_kernel.h"
 #include "cpu/flash_bf16-inl.h"
+#include "cpu/flash_bf16_rows-inl.h"
 #include "cpu/flash_blocks-inl.h"
 #include "cpu/parallel_runs-inl.h"
 #include "cpu/softmax_row-inl.h"
@@ -45,6 +48,7 @@ struct Bf16BackwardArgs {
   // ldq: d in whole tiles, the row length of dQ's float rows and of kk.
   int64_t n2, ldq;
   const BF16 *k, *v;
+  const BF16 *q_rows, *dout_rows;  // Q and dO themselves, for the rows path
   const float *lse, *delta;  // per row: log-normaliser, rowsum(dO ∘ O)
   RowLengths lens;
   float scale;
@@ -190,28 +194,6 @@ void backward_block(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b
   round_rows(w.dvt.get(), s.dv, a.dv);
 }
 
-// A bfloat16 (rows × cols) matrix in pairs of features: x itself where cols
-// is even, else a copy with a zero after each row.
-struct FeaturePairs {
-  std::unique_ptr<Pair[]> storage;
-  const Pair* data;
-
-  FeaturePairs(const BF16* x, int64_t rows, int64_t cols)
-      : storage(cols % 2 == 1 ? uninitialized_buffer<Pair>(rows * pairs_of(cols)) : nullptr),
-        data(storage ? storage.get() : reinterpret_cast<const Pair*>(x)) {}
-
-  // Rows [r0, r1) of the copy, where there is one.
-  void fill(const BF16* x, int64_t r0, int64_t r1, int64_t cols) {
-    if (!storage) return;
-    const int64_t pairs = pairs_of(cols);
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t c = 0; c < pairs; ++c) {
-        storage[r * pairs + c] =
-            make_pair(x[r * cols + 2 * c], 2 * c + 1 < cols ? x[r * cols + 2 * c + 1] : BF16(0.0f));
-      }
-    }
-  }
-};
 
 }  // namespace
 
@@ -233,6 +215,8 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   const int64_t longest =
       s.B == 0 ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
+  // Batch entries of a few queries run row by row (backward_rows).
+  const bool by_rows = s.n < kMinBf16Queries;
   const int64_t n2 = pairs_of(s.n), ldq = round_up_to_pair_tile(s.d);
   FeaturePairs qrows(qd, s.B * s.n, s.d), dorows(dod, s.B * s.n, s.dv);
   const auto qq = uninitialized_buffer<Pair>(s.B * s.d * n2);
@@ -258,8 +242,10 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
       const int64_t r0 = b * s.n;
       qrows.fill(qd, r0, r0 + s.n, s.d);
       dorows.fill(dod, r0, r0 + s.n, s.dv);
-      pack(qd, r0, s.d, qq.get() + b * s.d * n2);
-      pack(dod, r0, s.dv, doq.get() + b * s.dv * n2);
+      if (!by_rows) {
+        pack(qd, r0, s.d, qq.get() + b * s.d * n2);
+        pack(dod, r0, s.dv, doq.get() + b * s.dv * n2);
+      }
       for (int64_t i = r0; i < r0 + s.n; ++i) delta[i] = dot_bf16(dod + i * s.dv, od + i * s.dv, s.dv);
       std::fill_n(dq_acc.get() + r0 * ldq, s.n * ldq, 0.0f);
       const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
@@ -277,7 +263,7 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
     for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
       int64_t cost = std::min(kb, batch_longest[b] - j0);
       for (const int64_t block : block_longest) {
-        cost += kBf16QueryBlock * std::clamp<int64_t>(block - j0, 0, kb);
+        cost += std::min(kBf16QueryBlock, s.n) * std::clamp<int64_t>(block - j0, 0, kb);
       }
       task_b.push_back(b);
       task_j0.push_back(j0);
@@ -295,6 +281,8 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
                           ldq,
                           static_cast<const BF16*>(k.data_ptr()),
                           static_cast<const BF16*>(v.data_ptr()),
+                          qd,
+                          dod,
                           lse.data_ptr<float>(),
                           delta.get(),
                           row_lens,
@@ -315,14 +303,26 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
                                           : std::unique_ptr<float[]>();
     for_each_run(bounds, [&](int64_t r, int64_t t0, int64_t t1) {
       const TileScope tiles;
-      Bf16BackwardScratch scratch(args);
+      std::optional<Bf16BackwardScratch> blocks;
+      std::optional<Bf16RowsScratch<Bf16BackwardArgs>> rows;
+      if (by_rows) {
+        rows.emplace(args);
+      } else {
+        blocks.emplace(args);
+      }
       const int64_t slot = shared.slot_of(r);
       if (slot >= 0) std::fill_n(shares.get() + slot * share_size, share_size, 0.0f);
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = task_b[t], j0 = task_j0[t];
-        scratch.dq_entry = slot >= 0 && b == task_b[t0] ? shares.get() + slot * share_size
-                                                        : dq_acc.get() + b * share_size;
-        backward_block(args, scratch, b, j0, std::min(kb, batch_longest[b] - j0));
+        const int64_t b = task_b[t], j0 = task_j0[t], kc = std::min(kb, batch_longest[b] - j0);
+        float* dq_entry = slot >= 0 && b == task_b[t0] ? shares.get() + slot * share_size
+                                                       : dq_acc.get() + b * share_size;
+        if (by_rows) {
+          rows->dq_entry = dq_entry;
+          bf16_backward_rows(args, *rows, b, j0, kc);
+        } else {
+          blocks->dq_entry = dq_entry;
+          backward_block(args, *blocks, b, j0, kc);
+        }
       }
     });
     add_shares(shared, shares.get(), share_size,

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "cpu/dot_product_attention_bf16_kernel_parts.h"
+#include "cpu/dot_product_attention_kernel.h"
+#include "cpu/flash_bf16_rows-inl.h"
 #include "cpu/flash_blocks-inl.h"
 #include "cpu/flash_bf16-inl.h"
 #include "cpu/parallel_runs-inl.h"
@@ -222,6 +224,12 @@ void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::Tenso
                                         const at::TensorBase& lse) {
   const Dims s = dims_of(q, v);
   const RowLengths row_lens = row_lengths(lens, s.n);
+  if (s.n < kMinBf16Queries) {
+    bf16_forward_rows(static_cast<const BF16*>(q.data_ptr()), static_cast<const BF16*>(k.data_ptr()),
+                      static_cast<const BF16*>(v.data_ptr()), s, row_lens, static_cast<float>(scale),
+                      static_cast<BF16*>(out.data_ptr()), lse.data_ptr<float>());
+    return;
+  }
   const int64_t blocks = div_up(s.n, W);
   std::vector<int64_t> costs(s.B * blocks), batch_longest(s.B, 0);
   for (int64_t t = 0; t < s.B * blocks; ++t) {

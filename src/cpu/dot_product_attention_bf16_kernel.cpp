@@ -62,9 +62,17 @@
 // before the maximum and exactly 0 after the exponential (and dS exactly 0
 // there), keys past a block's longest length are never read, and a pair
 // that would reach past it is completed with a zero, never with the next
-// key: inf or NaN in padding reaches no result. Weights are not written,
-// and batch entries of fewer than kMinBf16Queries queries run row by row on
-// the float kernel (the op layer decides: select_dot_product).
+// key: inf or NaN in padding reaches no result. Weights are not written.
+//
+// Batch entries of fewer than kMinBf16Queries queries (decoding) run row by
+// row (flash_bf16_rows-inl.h), as the float kernel's few-query blocks do:
+// nothing packed, Q, K, V and dO read in place; each query's scores are
+// dot products in VDPBF16PS over pairs of features, its P (and in the
+// backward dS) rounded to bfloat16 in pairs of keys for P V (dS K), two
+// rows of V (K) interleaved into pairs of keys in registers; dK and dV in
+// float per key block, rounded once. Rows with fewer batch entries than
+// threads split their keys over threads in the forward, as the float
+// kernel's forward_split.
 //
 // Compiled once, with the AVX-512 kernels' flags and -mavx512bf16, as
 // CPU_CAPABILITY=AVX512_BF16 (src/CMakeLists.txt): ATen's Vectorized inline

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
@@ -82,12 +83,28 @@ inline __m512i consecutive_bf16(__m512 lo, __m512 hi) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-/// x[0:n] rounded to bfloat16 into out[0:n].
-inline void round_to_bf16(const float* x, int64_t n, c10::BFloat16* out) {
+/// factor · x[0:n] rounded to bfloat16 into out[0:n].
+inline void round_to_bf16(const float* x, int64_t n, c10::BFloat16* out, float factor = 1.0f) {
   for (int64_t j = 0; j < n; j += 16) {
     const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - j)) - 1);
-    const __m256bh y = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x + j));
+    __m512 x_j = _mm512_maskz_loadu_ps(lanes, x + j);
+    if (factor != 1.0f) x_j = _mm512_mul_ps(x_j, _mm512_set1_ps(factor));
+    const __m256bh y = _mm512_cvtneps_pbh(x_j);
     _mm256_mask_storeu_epi16(out + j, lanes, reinterpret_cast<__m256i>(y));
+  }
+}
+
+/// The bfloat16 values in `lanes` of p[0:16] widened to float, zeros elsewhere.
+inline __m512 widen16(const c10::BFloat16* p, __mmask16 lanes) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p)), 16));
+}
+
+/// x[0:n] widened to float into out[0:n].
+inline void widen_bf16(const c10::BFloat16* x, int64_t n, float* out) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - j)) - 1);
+    _mm512_mask_storeu_ps(out + j, lanes, widen16(x + j, lanes));
   }
 }
 
@@ -96,11 +113,7 @@ inline float dot_bf16(const c10::BFloat16* x, const c10::BFloat16* y, int64_t n)
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
     const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - j)) - 1);
-    const auto widen = [&](const c10::BFloat16* p) {
-      return _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p + j)), 16));
-    };
-    acc = _mm512_fmadd_ps(widen(x), widen(y), acc);
+    acc = _mm512_fmadd_ps(widen16(x + j, lanes), widen16(y + j, lanes), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
@@ -150,6 +163,29 @@ inline __m512 exp_bf16(__m512 x) {
   // Zero below the range; the compare is true for NaN, which stays.
   return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ), p, n);
 }
+
+/// A bfloat16 (rows × cols) matrix in pairs of features: x itself where cols
+/// is even, else a copy with a zero after each row.
+struct FeaturePairs {
+  std::unique_ptr<Pair[]> storage;
+  const Pair* data;
+
+  FeaturePairs(const c10::BFloat16* x, int64_t rows, int64_t cols)
+      : storage(cols % 2 == 1 ? std::unique_ptr<Pair[]>(new Pair[rows * pairs_of(cols)]) : nullptr),
+        data(storage ? storage.get() : reinterpret_cast<const Pair*>(x)) {}
+
+  /// Rows [r0, r1) of the copy, where there is one.
+  void fill(const c10::BFloat16* x, int64_t r0, int64_t r1, int64_t cols) {
+    if (!storage) return;
+    const int64_t pairs = pairs_of(cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < pairs; ++c) {
+        storage[r * pairs + c] =
+            make_pair(x[r * cols + 2 * c], 2 * c + 1 < cols ? x[r * cols + 2 * c + 1] : c10::BFloat16(0.0f));
+      }
+    }
+  }
+};
 
 /// Rows [0, rows) of a bfloat16 matrix x (row stride `cols`) in pairs of
 /// features, transposed into panels of kPairTile rows: row j's pair c at
