@@ -50,14 +50,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   current = Call{};
   const int64_t op = in.below(16);
-  // Bit 0: the generic kernels; else bit 1 picks AVX2 or AVX-512, falling
-  // back to what this CPU runs.
+  // Bit 0: the generic kernels; else bits 1 and 2 pick AVX-512, AVX2,
+  // AVX512-BF16 or AMX (the bfloat16 kernel's two levels; the fuzz build
+  // models the tiles in software where the CPU has none), falling back to
+  // the highest level below it that this CPU runs.
   const uint8_t isa_byte = in.byte();
-  auto isa = (isa_byte & 1) != 0   ? d2l::CpuIsa::kDefault
-             : (isa_byte & 2) != 0 ? d2l::CpuIsa::kAvx2
-                                   : d2l::CpuIsa::kAvx512;
-  if (!d2l::cpu_isa_available(isa)) isa = d2l::CpuIsa::kAvx2;
-  if (!d2l::cpu_isa_available(isa)) isa = d2l::CpuIsa::kDefault;
+  constexpr d2l::CpuIsa kPicks[] = {d2l::CpuIsa::kAvx512, d2l::CpuIsa::kAvx2,
+                                    d2l::CpuIsa::kAvx512Bf16, d2l::CpuIsa::kAmxBf16};
+  auto isa = (isa_byte & 1) != 0 ? d2l::CpuIsa::kDefault : kPicks[(isa_byte >> 1) & 3];
+  while (isa != d2l::CpuIsa::kDefault && !d2l::cpu_isa_available(isa)) {
+    isa = static_cast<d2l::CpuIsa>(static_cast<int>(isa) - 1);
+  }
   d2l::set_cpu_isa(isa);
   try {
     switch (op) {
