@@ -194,7 +194,6 @@ void backward_block(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b
   round_rows(w.dvt.get(), s.dv, a.dv);
 }
 
-
 }  // namespace
 
 void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::TensorBase& k,
@@ -215,7 +214,8 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   const int64_t longest =
       s.B == 0 ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
-  // Batch entries of a few queries run row by row (backward_rows).
+  // Batch entries of a few queries run row by row (bf16_backward_rows), on
+  // the tensors themselves: no packed copies.
   const bool by_rows = s.n < kMinBf16Queries;
   const int64_t n2 = pairs_of(s.n), ldq = round_up_to_pair_tile(s.d);
   FeaturePairs qrows(qd, s.B * s.n, s.d), dorows(dod, s.B * s.n, s.dv);
@@ -240,9 +240,9 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
     };
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t r0 = b * s.n;
-      qrows.fill(qd, r0, r0 + s.n, s.d);
-      dorows.fill(dod, r0, r0 + s.n, s.dv);
       if (!by_rows) {
+        qrows.fill(qd, r0, r0 + s.n, s.d);
+        dorows.fill(dod, r0, r0 + s.n, s.dv);
         pack(qd, r0, s.d, qq.get() + b * s.d * n2);
         pack(dod, r0, s.dv, doq.get() + b * s.dv * n2);
       }
