@@ -23,16 +23,13 @@
 
 #include "cpu/flash_bf16-inl.h"
 #include "cpu/flash_blocks-inl.h"
+#include "cpu/flash_rows-inl.h"
 #include "cpu/parallel_runs-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 namespace {
-
-/// Keys whose scores a row holds at a time (2 KiB of floats, in L1), as the
-/// float kernel's kRowChunk; longer rows go chunk by chunk, online.
-constexpr int64_t kBf16RowChunk = 512;
 
 /// The first r of 32 bfloat16 lanes (all of them from 32).
 inline __mmask32 lanes_bf16(int64_t r) {
@@ -152,35 +149,26 @@ inline float exp_in_place(float* sc, int64_t L, float shift) {
   return _mm512_reduce_add_ps(sum);
 }
 
-/// The shift of a row's exponentials for a running maximum: 0 while it is
-/// -inf (every score so far -inf), so that those exponentials are 0, not NaN.
-inline float bf16_shift_for(float mx) {
-  return mx == -std::numeric_limits<float>::infinity() ? 0.0f : mx;
-}
-
 /// A thread's scratch for rows: a chunk's scores and their pairs.
 struct Bf16RowScratch {
-  std::unique_ptr<float[]> scores = uninitialized_buffer<float>(kBf16RowChunk);
-  std::unique_ptr<Pair[]> pairs = uninitialized_buffer<Pair>(kBf16RowChunk / 2);
+  std::unique_ptr<float[]> scores = uninitialized_buffer<float>(kRowChunk);
+  std::unique_ptr<Pair[]> pairs = uninitialized_buffer<Pair>(kRowChunk / 2);
 };
 
 /// One row's softmax over keys [j0, j1) of its batch entry, not normalised:
-/// out (float, dv) = Σ e^(s_j - shift) v_j with shift = bf16_shift_for(the
+/// out (float, dv) = Σ e^(s_j - shift) v_j with shift = shift_for(the
 /// maximum of the scaled scores s_j), and the sum of those exponentials;
-/// chunk by chunk, the output so far rescaled as a chunk raises the maximum.
-struct Bf16RowPartial {
-  float mx, sum;
-};
-
-inline Bf16RowPartial bf16_row_partial(const c10::BFloat16* q, const c10::BFloat16* k,
-                                       const c10::BFloat16* v, const Dims& s, float scale,
-                                       int64_t j0, int64_t j1, Bf16RowScratch& w, float* out) {
+/// chunk by chunk, the output so far rescaled as a chunk raises the maximum
+/// (the float kernel's row_partial on bfloat16 operands).
+inline RowPartial<float> bf16_row_partial(const c10::BFloat16* q, const c10::BFloat16* k,
+                                          const c10::BFloat16* v, const Dims& s, float scale,
+                                          int64_t j0, int64_t j1, Bf16RowScratch& w, float* out) {
   constexpr float kNone = -std::numeric_limits<float>::infinity();
   float* sc = w.scores.get();
-  Bf16RowPartial r{kNone, 0.0f};
+  RowPartial<float> r{kNone, 0.0f};
   if (j0 == j1) std::fill_n(out, s.dv, 0.0f);
-  for (int64_t c0 = j0; c0 < j1; c0 += kBf16RowChunk) {
-    const int64_t c = std::min(kBf16RowChunk, j1 - c0);
+  for (int64_t c0 = j0; c0 < j1; c0 += kRowChunk) {
+    const int64_t c = std::min(kRowChunk, j1 - c0);
     float mx = r.mx;
     for (int64_t j = 0; j < c; ++j) {
       sc[j] = scale * dot_pairs(q, k + (c0 + j) * s.d, s.d);
@@ -189,24 +177,13 @@ inline Bf16RowPartial bf16_row_partial(const c10::BFloat16* q, const c10::BFloat
     // Nothing to keep after the first chunk or chunks of -inf only (their
     // output is 0, and e^(0 - mx) could overflow).
     const float keep = c0 == j0 || r.mx == kNone ? 0.0f : std::exp(r.mx - mx);
-    r.sum = r.sum * keep + exp_in_place(sc, c, bf16_shift_for(mx));
+    r.sum = r.sum * keep + exp_in_place(sc, c, shift_for(mx));
     pairs_of_row(sc, c, w.pairs.get());
     weighted_sum_pairs(w.pairs.get(), v + c0 * s.dv, s.dv, c, s.dv, out,
                        c0 == j0 ? nullptr : &keep);
     r.mx = mx;
   }
   return r;
-}
-
-/// Parts each row's keys are split into: 1, or, with fewer rows than
-/// threads (one sequence's heads decoding), up to threads / rows parts of at
-/// least kBf16RowChunk keys each, combined after (as the float kernel's
-/// forward_split, flash-decoding on GPUs).
-inline int64_t bf16_key_splits(int64_t rows, int64_t longest) {
-  const int64_t threads = at::get_num_threads();
-  if (rows >= threads) return 1;
-  return std::clamp<int64_t>(
-      std::min(threads / std::max<int64_t>(rows, 1), longest / kBf16RowChunk), 1, threads);
 }
 
 /// The forward of every row, row by row: out (bfloat16, B·n × dv) and lse.
@@ -217,7 +194,10 @@ inline void bf16_forward_rows(const c10::BFloat16* q, const c10::BFloat16* k,
   const int64_t rows = s.B * s.n;
   int64_t longest = 0;
   for (int64_t row = 0; row < rows; ++row) longest = std::max(longest, lens.at(row, s.m));
-  const int64_t splits = bf16_key_splits(rows, longest), slot = s.dv + 2;
+  // Fewer rows than threads (one sequence's heads) split each row's keys, as
+  // the float kernel's forward_split.
+  const int64_t splits = rows == 0 ? 1 : key_splits<float>(s, rows, longest, false);
+  const int64_t slot = s.dv + 2;
   // Each part's unnormalised output, maximum and sum (when rows are split).
   std::vector<float> parts(splits > 1 ? rows * splits * slot : 0);
   std::vector<int64_t> costs(rows * splits);
@@ -231,7 +211,7 @@ inline void bf16_forward_rows(const c10::BFloat16* q, const c10::BFloat16* k,
       const int64_t row = t / splits, part = t % splits, b = row / s.n;
       const int64_t L = lens.at(row, s.m);
       float* o = splits > 1 ? parts.data() + t * slot : acc.data();
-      const Bf16RowPartial r =
+      const RowPartial<float> r =
           bf16_row_partial(q + row * s.d, k + b * s.m * s.d, v + b * s.m * s.dv, s, scale,
                            L * part / splits, L * (part + 1) / splits, w, o);
       if (splits > 1) {
@@ -242,7 +222,7 @@ inline void bf16_forward_rows(const c10::BFloat16* q, const c10::BFloat16* k,
       // No valid key: zeros and lse -inf, as the blocks.
       scale_row(o, s.dv, L == 0 ? 0.0f : 1.0f / r.sum);
       round_to_bf16(o, s.dv, out + row * s.dv);
-      lse[row] = L == 0 ? kNone : bf16_shift_for(r.mx) + std::log(r.sum);
+      lse[row] = L == 0 ? kNone : shift_for(r.mx) + std::log(r.sum);
     }
   });
   if (splits == 1) return;
@@ -256,14 +236,14 @@ inline void bf16_forward_rows(const c10::BFloat16* q, const c10::BFloat16* k,
     for (int64_t p = 0; p < splits; ++p) {
       const float* part = first + p * slot;
       // A part of -inf scores only holds zeros (and e^(0 - mx) may overflow).
-      const float factor = part[s.dv] == kNone ? 0.0f : std::exp(part[s.dv] - bf16_shift_for(mx));
+      const float factor = part[s.dv] == kNone ? 0.0f : std::exp(part[s.dv] - shift_for(mx));
       sum += factor * part[s.dv + 1];
       axpy<true>(row_out.data(), part, factor, s.dv);
     }
     const bool none = lens.at(row, s.m) == 0;
     scale_row(row_out.data(), s.dv, none ? 0.0f : 1.0f / sum);
     round_to_bf16(row_out.data(), s.dv, out + row * s.dv);
-    lse[row] = none ? kNone : bf16_shift_for(mx) + std::log(sum);
+    lse[row] = none ? kNone : shift_for(mx) + std::log(sum);
   }
 }
 
