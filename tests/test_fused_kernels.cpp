@@ -21,6 +21,7 @@
 #include "additive_attention_internal.h"
 #include "checks.h"
 #include "cpu/additive_attention_kernel.h"
+#include "cpu/dispatch.h"
 #include "fused_helpers.h"
 #include "linear.h"
 #include "test_utils.h"
@@ -39,6 +40,7 @@ using d2l::testing::DtypeTolerance;
 using d2l::testing::expect_close;
 using d2l::testing::Fused;
 using d2l::testing::kFastPathDtypes;
+using d2l::testing::all_isas;
 using d2l::testing::runnable_isas;
 using d2l::testing::value_and_grads;
 
@@ -236,6 +238,82 @@ TEST(FusedKernels, IsaCanBeChosenAndNamed) {
     EXPECT_EQ(d2l::cpu_isa(), d2l::CpuIsa::kDefault);
   }
   d2l::set_cpu_isa(saved);
+}
+
+// "default, avx2": the levels this CPU and build run, whatever D2L_CPU_ISA
+// caps the process at, as the errors list them.
+std::string runnable_list() {
+  std::string out;
+  for (const auto isa : all_isas()) {
+    if (d2l::cpu::isa_runnable_on_this_cpu(isa)) {
+      out += (out.empty() ? "" : ", ") + d2l::to_string(isa);
+    }
+  }
+  return out;
+}
+
+// D2L_CPU_ISA naming a level this CPU lacks is an error naming the variable,
+// the level and the levels at hand, never a SIGILL nor a quiet fallback; so
+// is a value that names no level.
+TEST(FusedKernels, EnvironmentLevelsThisCpuLacksAreRefused) {
+  for (const auto isa : all_isas()) {
+    const auto name = d2l::to_string(isa);
+    if (d2l::cpu::isa_runnable_on_this_cpu(isa)) {
+      EXPECT_EQ(d2l::cpu::isa_from_environment(name.c_str()), isa) << name;
+      continue;
+    }
+    EXPECT_THAT(error_message([&] { d2l::cpu::isa_from_environment(name.c_str()); }),
+                HasSubstr("d2l: D2L_CPU_ISA=" + name + " asks for the " + name +
+                          " kernels, which cannot run here: this CPU and build run " +
+                          runnable_list()))
+        << name;
+  }
+  EXPECT_THAT(error_message([] { d2l::cpu::isa_from_environment("avx3"); }),
+              HasSubstr("d2l: D2L_CPU_ISA=avx3 names no instruction set: default, avx2, avx512, "
+                        "avx512_bf16 or amx_bf16 (this CPU and build run " +
+                        runnable_list()));
+  // Unset or empty: the widest level up to avx512_bf16.
+  auto widest = d2l::CpuIsa::kDefault;
+  for (const auto isa : {d2l::CpuIsa::kAvx2, d2l::CpuIsa::kAvx512, d2l::CpuIsa::kAvx512Bf16}) {
+    if (d2l::cpu::isa_runnable_on_this_cpu(isa)) widest = isa;
+  }
+  EXPECT_EQ(d2l::cpu::isa_from_environment(nullptr), widest);
+  EXPECT_EQ(d2l::cpu::isa_from_environment(""), widest);
+}
+
+// D2L_CPU_ISA is the widest level the process may use, as an AVX2-only CPU
+// would be (CI's AVX2 leg pins avx2 on an AVX-512 CPU): the levels above it
+// are not available, and asking for one is refused naming the variable.
+TEST(FusedKernels, EnvironmentLevelCapsTheProcess) {
+  const char* value = std::getenv("D2L_CPU_ISA");
+  if (value == nullptr || *value == '\0') GTEST_SKIP() << "D2L_CPU_ISA is not set";
+  const auto cap = d2l::cpu::isa_from_environment(value);
+  const auto saved = d2l::cpu_isa();
+  int above = 0;
+  for (const auto isa : all_isas()) {
+    EXPECT_EQ(d2l::cpu_isa_available(isa), isa <= cap && d2l::cpu::isa_runnable_on_this_cpu(isa))
+        << d2l::to_string(isa);
+    if (isa <= cap || !d2l::cpu::isa_runnable_on_this_cpu(isa)) continue;
+    ++above;
+    EXPECT_THAT(error_message([&] { d2l::set_cpu_isa(isa); }),
+                HasSubstr("d2l::set_cpu_isa: " + d2l::to_string(isa) +
+                          " kernels cannot run here: D2L_CPU_ISA=" + value +
+                          " caps this process at " + value));
+    EXPECT_EQ(d2l::cpu_isa(), saved);
+  }
+  std::printf("[D2L_CPU_ISA=%s] %d runnable levels above it refused\n", value, above);
+}
+
+// A CpuIsa made from an integer is no level: refused, and never runnable
+// (it once read as available and ran the AVX-512 table on an AVX2 CPU).
+TEST(FusedKernels, UnknownLevelIsRefused) {
+  const auto saved = d2l::cpu_isa();
+  const auto bogus = static_cast<d2l::CpuIsa>(42);
+  EXPECT_FALSE(d2l::cpu_isa_available(bogus));
+  EXPECT_THAT(error_message([&] { d2l::set_cpu_isa(bogus); }),
+              HasSubstr("d2l::set_cpu_isa: 42 is not a CpuIsa; this CPU and build run " +
+                        runnable_list()));
+  EXPECT_EQ(d2l::cpu_isa(), saved);
 }
 
 }  // namespace

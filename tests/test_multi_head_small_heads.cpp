@@ -181,8 +181,12 @@ TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
 // scores' size. Largest errors measured on these cases (LibTorch 1.13, AMD
 // Zen 5, every ISA): out 2.3 u, weights 2.4 u, input gradients 5.0 u,
 // parameter gradients 5.2 u; the book's ops in bfloat16 on the same cases:
-// 3.6, 3.9, 6.5 and 5.7 u. The bounds: 4, 4, 8 and 8 u, and never more than
-// 1.25 times the book's ops' error.
+// 3.6, 3.9, 6.5 and 5.7 u. On an AVX2-only CPU (AMD Zen 3) the BLAS kernels
+// LibTorch picks round the bfloat16 products otherwise, ours and the book's
+// alike: parameter gradients 10.4 u for both. So each case's bound is 4, 4,
+// 8 and 8 u or 1.25 times what the book's ops in bfloat16 err by on that
+// case, whichever is larger (a floor for cases where the book's ops are
+// lucky), and over all cases never more than 1.25 times the book's worst.
 double normwise_units(const torch::Tensor& got, const torch::Tensor& exact,
                       const torch::Tensor& scale_of) {
   return d2l::testing::normwise_error(got, exact, scale_of) / 0x1p-8;
@@ -264,8 +268,8 @@ TEST_P(SmallHeads, BFloat16AgainstTheFloat64CompositePath) {
               const double book_units = result_units(names, theirs, want, i);
               worst[kind] = std::max(worst[kind], units);
               book_worst[kind] = std::max(book_worst[kind], book_units);
-              EXPECT_LE(units, bound[kind]) << who << " (the book's ops in bfloat16: "
-                                            << book_units << ")";
+              EXPECT_LE(units, std::max(bound[kind], 1.25 * book_units))
+                  << who << " (the book's ops in bfloat16: " << book_units << ")";
             }
           }
         }

@@ -9,7 +9,12 @@
 #include <d2l/masked_softmax.h>
 #include <d2l/torch_version.h>
 
+#include <ATen/Version.h>
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -89,6 +94,62 @@ TEST(Platform, SetNumThreadsSizesBothPools) {
   EXPECT_EQ(d2l::cpu_threads().intra_op, 1);
   EXPECT_EQ(d2l::cpu_threads().openblas, other.openblas);
   d2l::set_num_threads(before.intra_op, std::max<int64_t>(before.openblas, 1));
+}
+
+// CI's Debian 13 leg runs the suite as an AVX2-only CPU would
+// (docs/building.md, "What CI runs"): our kernels pinned with D2L_CPU_ISA,
+// ATen's with ATEN_CPU_CAPABILITY, OpenBLAS's with OPENBLAS_CORETYPE (and MKL's
+// with MKL_ENABLE_INSTRUCTIONS, where LibTorch is built with MKL). Each pin
+// set must have taken effect: a LibTorch that ignored one (a renamed
+// variable, a BLAS without run-time kernel choice) would quietly test the
+// host's wider kernels instead. D2L_EXPECT_AVX2_PINNING=1, which the leg sets,
+// makes the pins themselves required.
+TEST(Platform, PinnedInstructionSetsTakeEffect) {
+  const auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value == nullptr ? "" : value;
+  };
+  const auto upper = [](std::string s) {
+    for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const bool required = env("D2L_EXPECT_AVX2_PINNING") == "1";
+  int checked = 0;
+  if (const auto isa = env("D2L_CPU_ISA"); !isa.empty()) {
+    EXPECT_EQ(d2l::to_string(d2l::cpu_isa()), isa);
+    ++checked;
+  } else {
+    EXPECT_FALSE(required) << "D2L_CPU_ISA is not set";
+  }
+  if (const auto aten = env("ATEN_CPU_CAPABILITY"); !aten.empty()) {
+    // ATen's own record of the level its kernels dispatch on.
+    const auto config = at::show_config();
+    const std::string key = "CPU capability usage: ";
+    const auto pos = config.find(key);
+    ASSERT_NE(pos, std::string::npos) << config;
+    const auto end = config.find('\n', pos);
+    EXPECT_EQ(config.substr(pos + key.size(), end - pos - key.size()), upper(aten))
+        << "ATen's kernels (at::show_config)";
+    ++checked;
+  } else {
+    EXPECT_FALSE(required) << "ATEN_CPU_CAPABILITY is not set";
+  }
+  using CoreName = char* (*)();
+  const auto corename = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (const auto core = env("OPENBLAS_CORETYPE"); !core.empty() && corename != nullptr) {
+    EXPECT_EQ(upper(corename()), upper(core)) << "OpenBLAS's kernels";
+    ++checked;
+  } else {
+    EXPECT_FALSE(required && d2l::cpu_threads().blas == "openblas")
+        << "OPENBLAS_CORETYPE is not set, and LibTorch's BLAS is OpenBLAS";
+  }
+  if (!env("MKL_ENABLE_INSTRUCTIONS").empty()) {
+    // MKL has no call that reports the kernels it chose; where LibTorch has
+    // MKL the variable is set for it, and this leg's LibTorch has none.
+    EXPECT_FALSE(required && d2l::cpu_threads().blas == "mkl")
+        << "MKL_ENABLE_INSTRUCTIONS cannot be checked: the AVX2 leg must run on OpenBLAS";
+  }
+  if (checked == 0) GTEST_SKIP() << "no instruction set pinned in this run";
 }
 
 TEST(Platform, SdpaIsAClearErrorWhereItCannotRun) {

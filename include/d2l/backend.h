@@ -77,15 +77,21 @@ enum class CpuIsa { kDefault, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16 };
 /// one up to kAvx512Bf16 that both this CPU and this build of the library
 /// have, unless the environment variable D2L_CPU_ISA (`default`, `avx2`,
 /// `avx512`, `avx512_bf16` or `amx_bf16`) names another or set_cpu_isa chose
-/// one. kAmxBf16 runs only when asked for so (docs/kernels.md, "bfloat16").
+/// one. D2L_CPU_ISA is also the widest level the process may use, so that
+/// a wider CPU runs as a narrower one would. A D2L_CPU_ISA that names no
+/// level, or one this CPU or build cannot run, is a c10::Error naming it and
+/// the levels at hand, from the first call that needs the level on.
+/// kAmxBf16 runs only when asked for so (docs/kernels.md, "bfloat16").
 CpuIsa cpu_isa();
 
 /// Chooses the kernels' instruction set, e.g. to compare them; throws
-/// c10::Error if this CPU or build cannot run `isa`. Not thread-safe with
-/// respect to kernels running at the same time.
+/// c10::Error if this CPU or build cannot run `isa`, if D2L_CPU_ISA caps the
+/// process below it, or if `isa` is no CpuIsa. Not thread-safe with respect
+/// to kernels running at the same time.
 void set_cpu_isa(CpuIsa isa);
 
-/// Whether this CPU and build can run `isa` (kDefault always can).
+/// Whether `isa` can run in this process: this CPU and build have it and
+/// D2L_CPU_ISA, where set, is not below it (kDefault always can).
 bool cpu_isa_available(CpuIsa isa);
 
 /// "default", "avx2", "avx512", "avx512_bf16" or "amx_bf16".

@@ -6,7 +6,9 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +22,7 @@
 #endif
 
 #include "cpu/additive_attention_kernel.h"
+#include "cpu/dispatch.h"
 #include "cpu/dot_product_attention_kernel.h"
 #include "cpu/masked_softmax_kernel.h"
 #include "cpu/multi_head_attention_kernel.h"
@@ -113,49 +116,109 @@ bool amx_bf16_runnable() {
 #endif
 }
 
-// The widest runnable ISA up to avx512_bf16, or to the level D2L_CPU_ISA
-// names (an unknown value is ignored: an environment variable must not make
-// the library unusable). The AMX kernel runs only when asked for: it has run
-// on the software tile model and its instructions on an AMX CPU, but not yet
-// whole on one (docs/kernels.md, "bfloat16").
-CpuIsa initial_isa() {
-  CpuIsa cap = CpuIsa::kAvx512Bf16;
-  if (const char* env = std::getenv("D2L_CPU_ISA")) {
-    for (const auto isa : {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
-                           CpuIsa::kAmxBf16}) {
-      if (to_string(isa) == env) cap = isa;
-    }
-  }
-  for (const auto isa : {CpuIsa::kAmxBf16, CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
-    if (isa <= cap && cpu_isa_available(isa)) return isa;
-  }
-  return CpuIsa::kDefault;
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512,
+                               CpuIsa::kAvx512Bf16, CpuIsa::kAmxBf16};
+
+bool is_known(CpuIsa isa) {
+  return std::find(std::begin(kAllIsas), std::end(kAllIsas), isa) != std::end(kAllIsas);
 }
 
-std::atomic<CpuIsa>& chosen_isa() {
-  static std::atomic<CpuIsa> isa{initial_isa()};
-  return isa;
-}
-
-}  // namespace
-
-CpuIsa cpu_isa() { return chosen_isa().load(std::memory_order_relaxed); }
-
-bool cpu_isa_available(CpuIsa isa) {
+// Whether this CPU and build run `isa`, whatever D2L_CPU_ISA says.
+bool runnable(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kDefault: return true;
     case CpuIsa::kAvx2: return avx2_runnable();
     case CpuIsa::kAvx512: return avx512_runnable();
     case CpuIsa::kAvx512Bf16: return avx512_bf16_runnable();
     case CpuIsa::kAmxBf16: return amx_bf16_runnable();
-    default: return true;
   }
+  return false;  // not a level (an integer cast to CpuIsa)
 }
 
+// "default, avx2": the levels this CPU and build run.
+std::string runnable_levels() {
+  std::string out;
+  for (const auto isa : kAllIsas) {
+    if (runnable(isa)) out += (out.empty() ? "" : ", ") + to_string(isa);
+  }
+  return out;
+}
+
+// D2L_CPU_ISA's level, the widest this process may use (as oneDNN's
+// ONEDNN_MAX_CPU_ISA): read once; unset, no cap. A refused value throws
+// here, on the first call that needs it, and again on every later one.
+struct Pin {
+  bool set = false;
+  CpuIsa level = CpuIsa::kAmxBf16;
+};
+const Pin& pin() {
+  static const Pin p = [] {
+    const char* value = std::getenv("D2L_CPU_ISA");
+    if (value == nullptr || *value == '\0') return Pin{};
+    return Pin{true, cpu::isa_from_environment(value)};
+  }();
+  return p;
+}
+
+// The level chosen, or -1 until the first call resolves it. The AMX kernel
+// runs only when asked for: it has run on the software tile model and its
+// instructions on an AMX CPU, but not yet whole on one (docs/kernels.md,
+// "bfloat16").
+std::atomic<int> chosen_isa{-1};
+
+}  // namespace
+
+namespace cpu {
+
+CpuIsa isa_from_environment(const char* value) {
+  if (value == nullptr || *value == '\0') {
+    for (const auto isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
+      if (runnable(isa)) return isa;
+    }
+    return CpuIsa::kDefault;
+  }
+  for (const auto isa : kAllIsas) {
+    if (to_string(isa) != value) continue;
+    TORCH_CHECK(runnable(isa), "d2l: D2L_CPU_ISA=", value, " asks for the ", value,
+                " kernels, which cannot run here: this CPU and build run ", runnable_levels(),
+                " (name one of them, or unset D2L_CPU_ISA for the widest)");
+    return isa;
+  }
+  TORCH_CHECK(false, "d2l: D2L_CPU_ISA=", value,
+              " names no instruction set: default, avx2, avx512, avx512_bf16 or amx_bf16 (this "
+              "CPU and build run ",
+              runnable_levels(), ")");
+}
+
+bool isa_runnable_on_this_cpu(CpuIsa isa) { return runnable(isa); }
+
+}  // namespace cpu
+
+CpuIsa cpu_isa() {
+  int isa = chosen_isa.load(std::memory_order_relaxed);
+  if (isa < 0) {
+    isa = static_cast<int>(pin().set ? pin().level : cpu::isa_from_environment(nullptr));
+    int unresolved = -1;
+    if (!chosen_isa.compare_exchange_strong(unresolved, isa, std::memory_order_relaxed)) {
+      isa = unresolved;  // set_cpu_isa, or another thread, came first
+    }
+  }
+  return static_cast<CpuIsa>(isa);
+}
+
+bool cpu_isa_available(CpuIsa isa) { return runnable(isa) && isa <= pin().level; }
+
 void set_cpu_isa(CpuIsa isa) {
+  TORCH_CHECK(is_known(isa), "d2l::set_cpu_isa: ", static_cast<int>(isa),
+              " is not a CpuIsa; this CPU and build run ", runnable_levels());
   if (cpu_isa_available(isa)) {
-    chosen_isa().store(isa, std::memory_order_relaxed);
+    chosen_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
     return;
   }
+  TORCH_CHECK(!runnable(isa), "d2l::set_cpu_isa: ", to_string(isa),
+              " kernels cannot run here: D2L_CPU_ISA=", to_string(pin().level),
+              " caps this process at ", to_string(pin().level),
+              " (unset it to choose wider levels; this CPU and build run ", runnable_levels(), ")");
   // A CPU with AMX whose tile state Linux refused: say that, not "lacks".
   const bool refused = isa == CpuIsa::kAmxBf16 && cpu_has_amx_bf16() &&
                        amx_permission_asked.load(std::memory_order_acquire) &&
@@ -164,8 +227,9 @@ void set_cpu_isa(CpuIsa isa) {
                                     amx_permission().refusal));
   TORCH_CHECK(false,
               fmt::format("d2l::set_cpu_isa: {} kernels cannot run here (the CPU lacks the "
-                          "instructions or the library was built without that variant)",
-                          to_string(isa)));
+                          "instructions or the library was built without that variant); this "
+                          "CPU and build run {}",
+                          to_string(isa), runnable_levels()));
 }
 
 std::string to_string(CpuIsa isa) {
