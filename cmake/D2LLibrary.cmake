@@ -41,4 +41,9 @@ function(d2l_add_library target export_name)
     d2l_sanitize(${target})
   endif()
   d2l_use_pch(${target})
+  # Files with options of their own (OpenMP, the kernels' -m flags) stay out
+  # of the batches, as CMake leaves them.
+  if(D2L_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  endif()
 endfunction()

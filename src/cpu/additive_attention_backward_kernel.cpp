@@ -63,7 +63,7 @@ void weights_grad_row(const T* go, const T* vT, T* g, int64_t L, int64_t d, int6
 
 // Queries handled together in backward: they share each key vector's load
 // and one read-modify-write of dk per key and hidden unit.
-constexpr int64_t kQueryBlock = 4;
+constexpr int64_t kAdditiveQueryBlock = 4;
 
 // One block of Rows queries (rows i0.., their ds in ds[r * m_pad + j], zero
 // past each row's length) against keys [0, L) of one batch entry. Hidden
@@ -167,7 +167,7 @@ void additive_backward(const T* q, const T* k, const T* w, const T* y, const T* 
                        T* dw, AdditiveShape s, RowLengths lens, bool softmax,
                        ValuesArgs<T> values = {}) {
   using V = Vectorized<T>;
-  constexpr int64_t R = kQueryBlock;
+  constexpr int64_t R = kAdditiveQueryBlock;
   const int64_t d = values.d;
   s.by_hidden = by_hidden_units<T>(s, lens, softmax);
   std::fill(dk, dk + s.B * s.m * s.h, T(0));

@@ -30,7 +30,6 @@ namespace {
 using BF16 = c10::BFloat16;
 using V = Vectorized<float>;
 
-constexpr int64_t W = kPairTile;
 // The query rows of a block: 12 register tiles, and 48 pairs of queries for
 // the products that sum over them (dV and dK).
 constexpr int64_t kBf16QueryBlock = 96;

@@ -31,8 +31,6 @@ namespace {
 using BF16 = c10::BFloat16;
 using V = Vectorized<float>;
 
-// Queries of a block: one register tile of columns, two vectors.
-constexpr int64_t W = kPairTile;
 
 struct Bf16ForwardArgs {
   Dims s;

@@ -39,6 +39,9 @@ using Pair = uint32_t;
 
 /// Columns of one register tile: two vectors of 16 lanes.
 constexpr int64_t kPairTile = 32;
+/// The kernels' block of queries (forward) or keys (backward): one tile of
+/// columns.
+constexpr int64_t W = kPairTile;
 
 /// Rows of one register tile: 8 × 2 accumulators. VDPBF16PS takes 6 cycles
 /// on Zen 5 and issues two a cycle, so 12 chains (gemm_tile's 6 × 2) reached

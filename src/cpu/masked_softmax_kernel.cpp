@@ -34,11 +34,11 @@ int64_t queries_of(const at::TensorBase& x) { return x.dim() == 3 ? x.size(1) : 
 // tasks of a whole batch entry (32 of them at (32, 128, 128)) left the larger
 // of two runs 3% over half in the median; a cost per row, where rows share
 // their lengths, would cost more to add up than the imbalance it saves.
-// Each row also costs about kRowCost entries' worth on its own (its
+// Each row also costs about kSoftmaxRowCost entries' worth on its own (its
 // reductions, tails, the call): counted, the book's (64, 10, 10) is work
 // enough for two threads (23 µs on one here), where counting entries alone
 // kept it on one.
-constexpr int64_t kForwardPasses = 4, kBackwardPasses = 2, kRowsPerTask = 16, kRowCost = 128;
+constexpr int64_t kForwardPasses = 4, kBackwardPasses = 2, kRowsPerTask = 16, kSoftmaxRowCost = 128;
 
 template <typename F>
 void parallel_rows(const RowLengths& L, int64_t rows, int64_t m, int64_t passes, const F& body) {
@@ -51,9 +51,9 @@ void parallel_rows(const RowLengths& L, int64_t rows, int64_t m, int64_t passes,
     const int64_t r0 = t * per_task, r1 = std::min(rows, r0 + per_task);
     int64_t cost = 0;
     if (shared || per_task == L.rows_per_len) {
-      cost = (r1 - r0) * (passes * L.at(r0, m) + m + kRowCost);
+      cost = (r1 - r0) * (passes * L.at(r0, m) + m + kSoftmaxRowCost);
     } else {
-      for (int64_t r = r0; r < r1; ++r) cost += passes * L.at(r, m) + m + kRowCost;
+      for (int64_t r = r0; r < r1; ++r) cost += passes * L.at(r, m) + m + kSoftmaxRowCost;
     }
     costs[t] = cost;
   }

@@ -20,9 +20,9 @@ namespace {
 // its width from an input that will be refused.
 void check_ranks(const char* fn, const torch::Tensor& queries, const torch::Tensor& keys,
                  const torch::Tensor& values) {
-  detail::check_floating(fn, "queries", queries, 3);
-  detail::check_floating(fn, "keys", keys, 3);
-  detail::check_floating(fn, "values", values, 3);
+  d2l::detail::check_floating(fn, "queries", queries, 3);
+  d2l::detail::check_floating(fn, "keys", keys, 3);
+  d2l::detail::check_floating(fn, "values", values, 3);
 }
 
 void check_fixed(const char* fn, std::initializer_list<const LazyLinear*> layers) {
@@ -48,7 +48,7 @@ void AdditiveAttentionImpl::reset() {
   const char* fn = "d2l::v1::AdditiveAttention";
   TORCH_CHECK(num_hiddens > 0,
               fmt::format("{}: num_hiddens must be positive, got {}", fn, num_hiddens));
-  detail::check_dropout(fn, dropout_p);
+  d2l::detail::check_dropout(fn, dropout_p);
   W_k = register_module("W_k", LazyLinear(num_hiddens, /*bias=*/false));
   W_q = register_module("W_q", LazyLinear(num_hiddens, /*bias=*/false));
   w_v = register_module("w_v", LazyLinear(1, /*bias=*/false));
@@ -61,7 +61,7 @@ void AdditiveAttentionImpl::pretty_print(std::ostream& stream) const {
 }
 
 void AdditiveAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::v1::AdditiveAttention::load");
+  d2l::detail::checked_load(*this, archive, "d2l::v1::AdditiveAttention::load");
 }
 
 void AdditiveAttentionImpl::ensure_widths(const char* fn, const torch::Tensor& queries,
@@ -92,7 +92,7 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
   ensure_widths(fn, queries, keys, values);
   auto [output, weights] =
       functional::additive_attention(queries, keys, values, call(fn, mask, /*need_weights=*/true));
-  detail::record_weights(attention_weights, std::move(weights));
+  d2l::detail::record_weights(attention_weights, std::move(weights));
   return output;
 }
 
@@ -114,7 +114,7 @@ PathExplanation AdditiveAttentionImpl::explain_path(const torch::Tensor& queries
 }
 
 torch::Tensor AdditiveAttentionImpl::last_attention_weights() const {
-  return detail::load_weights(attention_weights);
+  return d2l::detail::load_weights(attention_weights);
 }
 
 // ---------------------------------------------------------------------------
@@ -132,7 +132,7 @@ void MultiHeadAttentionImpl::reset() {
               fmt::format("{}: num_hiddens and num_heads must be positive and num_hiddens a "
                           "multiple of num_heads, got num_hiddens={}, num_heads={}",
                           fn, num_hiddens, num_heads));
-  detail::check_dropout(fn, dropout_p);
+  d2l::detail::check_dropout(fn, dropout_p);
   attention = register_module("attention", DotProductAttention(dropout_p));
   W_q = register_module("W_q", LazyLinear(num_hiddens, bias));
   W_k = register_module("W_k", LazyLinear(num_hiddens, bias));
@@ -147,7 +147,7 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
 }
 
 void MultiHeadAttentionImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::v1::MultiHeadAttention::load");
+  d2l::detail::checked_load(*this, archive, "d2l::v1::MultiHeadAttention::load");
 }
 
 void MultiHeadAttentionImpl::ensure_widths(const char* fn, const torch::Tensor& queries,
@@ -184,9 +184,9 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   const char* fn = "d2l::v1::MultiHeadAttention";
   ensure_widths(fn, queries, keys, values);
   const bool record = attention->options.record_attention_weights();
-  auto [output, weights] = detail::checked_multi_head_attention(fn, nullptr, queries, keys, values,
+  auto [output, weights] = d2l::detail::checked_multi_head_attention(fn, nullptr, queries, keys, values,
                                                                 call(fn, mask, record));
-  if (record) detail::record_weights(attention->attention_weights, std::move(weights));
+  if (record) d2l::detail::record_weights(attention->attention_weights, std::move(weights));
   return output;
 }
 
@@ -195,7 +195,7 @@ std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_we
     const AttentionMask& mask) {
   const char* fn = "d2l::v1::MultiHeadAttention";
   ensure_widths(fn, queries, keys, values);
-  return detail::checked_multi_head_attention(fn, nullptr, queries, keys, values,
+  return d2l::detail::checked_multi_head_attention(fn, nullptr, queries, keys, values,
                                               call(fn, mask, /*need_weights=*/true));
 }
 
@@ -204,13 +204,13 @@ PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& querie
                                                      const torch::Tensor& values,
                                                      const AttentionMask& mask) const {
   const char* fn = "d2l::v1::MultiHeadAttention";
-  return detail::explain_multi_head_attention(
+  return d2l::detail::explain_multi_head_attention(
       fn, nullptr, queries, keys, values,
       call(fn, mask, attention->options.record_attention_weights()));
 }
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {
-  return detail::load_weights(attention->attention_weights);
+  return d2l::detail::load_weights(attention->attention_weights);
 }
 
 }  // namespace d2l::v1

@@ -14,35 +14,35 @@ namespace {
 
 void check_kernel_input(const char* fn, const torch::Tensor& x) {
   TORCH_CHECK(x.defined(), fmt::format("{}: x must be a defined tensor", fn));
-  detail::check_strided_layout(fn, "x", x);
+  d2l::detail::check_strided_layout(fn, "x", x);
   TORCH_CHECK(at::isFloatingType(x.scalar_type()),
               fmt::format("{}: x must have a floating-point dtype, got {} (shape {})", fn,
-                          c10::toString(x.scalar_type()), detail::shape_of(x)));
+                          c10::toString(x.scalar_type()), d2l::detail::shape_of(x)));
 }
 
 void check_inputs(const char* fn, const torch::Tensor& x_train, const torch::Tensor& y_train,
                   const torch::Tensor& x_val, const Kernel& kernel) {
-  detail::check_floating(fn, "x_train", x_train, 1);
-  detail::check_floating(fn, "y_train", y_train, 1);
-  detail::check_floating(fn, "x_val", x_val, 1);
+  d2l::detail::check_floating(fn, "x_train", x_train, 1);
+  d2l::detail::check_floating(fn, "y_train", y_train, 1);
+  d2l::detail::check_floating(fn, "x_val", x_val, 1);
   TORCH_CHECK(x_train.size(0) == y_train.size(0),
               fmt::format("{}: x_train and y_train must have the same length, got x_train {} and "
                           "y_train {}",
-                          fn, detail::shape_of(x_train), detail::shape_of(y_train)));
-  detail::check_same_device(fn, "x_train", x_train, "y_train", y_train);
-  detail::check_same_device(fn, "x_train", x_train, "x_val", x_val);
-  detail::check_same_dtype(fn, "x_train", x_train, "y_train", y_train);
-  detail::check_same_dtype(fn, "x_train", x_train, "x_val", x_val);
+                          fn, d2l::detail::shape_of(x_train), d2l::detail::shape_of(y_train)));
+  d2l::detail::check_same_device(fn, "x_train", x_train, "y_train", y_train);
+  d2l::detail::check_same_device(fn, "x_train", x_train, "x_val", x_val);
+  d2l::detail::check_same_dtype(fn, "x_train", x_train, "y_train", y_train);
+  d2l::detail::check_same_dtype(fn, "x_train", x_train, "x_val", x_val);
   TORCH_CHECK(x_train.scalar_type() != torch::kHalf || !x_train.device().is_cpu() ||
-                  detail::cpu_float16_matmul_available(),
+                  d2l::detail::cpu_float16_matmul_available(),
               fmt::format("{}: float16 on the CPU needs LibTorch 2.x (this LibTorch has no float16 "
                           "matrix product on the CPU), got float16 x_train {}; use bfloat16 or "
                           "float32 on the CPU, or float16 on CUDA",
-                          fn, detail::shape_of(x_train)));
+                          fn, d2l::detail::shape_of(x_train)));
   TORCH_CHECK(x_train.size(0) > 0 || x_val.size(0) == 0,
               fmt::format("{}: x_train must hold at least one training point, got x_train {} for "
                           "x_val {}",
-                          fn, detail::shape_of(x_train), detail::shape_of(x_val)));
+                          fn, d2l::detail::shape_of(x_train), d2l::detail::shape_of(x_val)));
   TORCH_CHECK(static_cast<bool>(kernel),
               fmt::format("{}: kernel must be callable, got an empty d2l::v1::Kernel", fn));
 }
@@ -53,13 +53,13 @@ torch::Tensor checked_scores(const char* fn, const torch::Tensor& k, const torch
   TORCH_CHECK(k.defined(),
               fmt::format("{}: kernel must return a defined tensor, got an undefined one for "
                           "dists {}",
-                          fn, detail::shape_of(dists)));
-  detail::check_strided_layout(fn, "the kernel's result", k);
+                          fn, d2l::detail::shape_of(dists)));
+  d2l::detail::check_strided_layout(fn, "the kernel's result", k);
   TORCH_CHECK(k.sizes() == dists.sizes(),
               fmt::format("{}: kernel must return a tensor of the shape it is given, got {} for "
                           "dists {}",
-                          fn, detail::shape_of(k), detail::shape_of(dists)));
-  detail::check_same_device(fn, "dists", dists, "the kernel's result", k);
+                          fn, d2l::detail::shape_of(k), d2l::detail::shape_of(dists)));
+  d2l::detail::check_same_device(fn, "dists", dists, "the kernel's result", k);
   TORCH_CHECK(!at::isComplexType(k.scalar_type()),
               fmt::format("{}: kernel must return real numbers, got dtype {}", fn,
                           c10::toString(k.scalar_type())));

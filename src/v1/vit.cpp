@@ -48,8 +48,8 @@ void check_images(const char* fn, const torch::Tensor& X) {
   TORCH_CHECK(X.defined() && X.dim() == 4,
               fmt::format("{}: X must be a batch of images (batch, channels, height, width), "
                           "got {}",
-                          fn, detail::shape_of(X)));
-  detail::check_floating(fn, "X", X, 4);
+                          fn, d2l::detail::shape_of(X)));
+  d2l::detail::check_floating(fn, "X", X, 4);
 }
 
 }  // namespace
@@ -82,7 +82,7 @@ void PatchEmbeddingImpl::pretty_print(std::ostream& stream) const {
 }
 
 void PatchEmbeddingImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::v1::PatchEmbedding::load");
+  d2l::detail::checked_load(*this, archive, "d2l::v1::PatchEmbedding::load");
 }
 
 torch::Tensor PatchEmbeddingImpl::forward(const torch::Tensor& X) {
@@ -92,12 +92,12 @@ torch::Tensor PatchEmbeddingImpl::forward(const torch::Tensor& X) {
   TORCH_CHECK(X.size(2) > 0 && X.size(3) > 0 && X.size(2) % p[0] == 0 && X.size(3) % p[1] == 0,
               fmt::format("{}: X's height and width must be whole numbers of patches of "
                           "patch_size {}, got X {}",
-                          fn, pair_of(patch_size), detail::shape_of(X)));
+                          fn, pair_of(patch_size), d2l::detail::shape_of(X)));
   if (const auto channels = conv->in_channels()) {
     TORCH_CHECK(X.size(1) == *channels,
                 fmt::format("{}: X has {} channels (shape {}), but the convolution's input "
                             "channels were fixed at {} by its first input or a loaded state dict",
-                            fn, X.size(1), detail::shape_of(X), *channels));
+                            fn, X.size(1), d2l::detail::shape_of(X), *channels));
   }
   // (batch, num_hiddens, h, w) -> (batch, h * w, num_hiddens)
   return conv(X).flatten(2).transpose(1, 2);
@@ -115,7 +115,7 @@ void ViTMLPImpl::reset() {
   const char* fn = "d2l::v1::ViTMLP";
   check_positive(fn, "mlp_num_hiddens", mlp_num_hiddens);
   check_positive(fn, "mlp_num_outputs", mlp_num_outputs);
-  detail::check_dropout(fn, dropout_p);
+  d2l::detail::check_dropout(fn, dropout_p);
   dense1 = register_module("dense1", LazyLinear(mlp_num_hiddens));
   gelu = register_module("gelu", torch::nn::GELU());
   dropout1 = register_module("dropout1", torch::nn::Dropout(dropout_p));
@@ -129,14 +129,14 @@ void ViTMLPImpl::pretty_print(std::ostream& stream) const {
 }
 
 void ViTMLPImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::v1::ViTMLP::load");
+  d2l::detail::checked_load(*this, archive, "d2l::v1::ViTMLP::load");
 }
 
 torch::Tensor ViTMLPImpl::forward(const torch::Tensor& x) {
   const char* fn = "d2l::v1::ViTMLP";
   TORCH_CHECK(x.defined() && x.dim() >= 1,
               fmt::format("{}: x must have at least one dimension, got {}", fn,
-                          detail::shape_of(x)));
+                          d2l::detail::shape_of(x)));
   dense1->ensure_width(fn, "x", x);
   if (dense2->has_uninitialized_params()) dense2->materialize(mlp_num_hiddens);
   return dropout2(dense2(dropout1(gelu(dense1(x)))));
@@ -187,18 +187,18 @@ void ViTBlockImpl::pretty_print(std::ostream& stream) const {
 }
 
 void ViTBlockImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::v1::ViTBlock::load");
+  d2l::detail::checked_load(*this, archive, "d2l::v1::ViTBlock::load");
 }
 
 torch::Tensor ViTBlockImpl::forward(const torch::Tensor& X, const AttentionMask& valid_lens) {
   const char* fn = "d2l::v1::ViTBlock";
-  detail::check_floating(fn, "X", X, 3);
+  d2l::detail::check_floating(fn, "X", X, 3);
   const auto n = norm_shape.size();
   TORCH_CHECK(X.size(2) == num_hiddens && n <= 3 &&
                   X.sizes().slice(3 - n) == torch::IntArrayRef(norm_shape),
               fmt::format("{}: X must be (batch, steps, num_hiddens={}) ending in norm_shape "
                           "[{}], got X {}",
-                          fn, num_hiddens, fmt::join(norm_shape, ", "), detail::shape_of(X)));
+                          fn, num_hiddens, fmt::join(norm_shape, ", "), d2l::detail::shape_of(X)));
   const auto normed = ln1(X);
   const auto Y = X + attention(normed, normed, normed, valid_lens);
   return Y + mlp(ln2(Y));
@@ -241,7 +241,7 @@ void ViTImpl::reset() {
   check_positive(fn, "num_hiddens", num_hiddens);
   check_positive(fn, "num_classes", num_classes);
   TORCH_CHECK(num_blks >= 0, fmt::format("{}: num_blks must not be negative, got {}", fn, num_blks));
-  detail::check_dropout(fn, emb_dropout);
+  d2l::detail::check_dropout(fn, emb_dropout);
   patch_embedding =
       register_module("patch_embedding", PatchEmbedding(img_size, patch_size, num_hiddens));
   cls_token = register_parameter("cls_token", torch::zeros({1, 1, num_hiddens}));
@@ -268,7 +268,7 @@ void ViTImpl::pretty_print(std::ostream& stream) const {
 }
 
 void ViTImpl::load(torch::serialize::InputArchive& archive) {
-  detail::checked_load(*this, archive, "d2l::v1::ViT::load");
+  d2l::detail::checked_load(*this, archive, "d2l::v1::ViT::load");
 }
 
 torch::Tensor ViTImpl::forward(const torch::Tensor& X) {
@@ -277,9 +277,9 @@ torch::Tensor ViTImpl::forward(const torch::Tensor& X) {
   TORCH_CHECK(X.size(2) == (*img_size)[0] && X.size(3) == (*img_size)[1],
               fmt::format("{}: X must be images of img_size {} (batch, channels, {}, {}), got {}",
                           fn, pair_of(img_size), (*img_size)[0], (*img_size)[1],
-                          detail::shape_of(X)));
-  detail::check_same_dtype(fn, "cls_token", cls_token, "X", X);
-  detail::check_same_device(fn, "cls_token", cls_token, "X", X);
+                          d2l::detail::shape_of(X)));
+  d2l::detail::check_same_dtype(fn, "cls_token", cls_token, "X", X);
+  d2l::detail::check_same_device(fn, "cls_token", cls_token, "X", X);
   auto Y = patch_embedding(X);
   Y = torch::cat({cls_token.expand({Y.size(0), -1, -1}), Y}, 1);
   Y = dropout(Y + pos_embedding);
@@ -294,7 +294,7 @@ torch::Tensor ViTImpl::loss(const torch::Tensor& Y_hat, const torch::Tensor& Y,
                   Y.numel() * Y_hat.size(-1) == Y_hat.numel(),
               fmt::format("{}: Y must hold one label per row of Y_hat's last dimension, got "
                           "Y_hat {} and Y {}",
-                          fn, detail::shape_of(Y_hat), detail::shape_of(Y)));
+                          fn, d2l::detail::shape_of(Y_hat), d2l::detail::shape_of(Y)));
   namespace F = torch::nn::functional;
   auto options = F::CrossEntropyFuncOptions();
   if (!averaged) options.reduction(torch::kNone);
@@ -308,7 +308,7 @@ torch::Tensor ViTImpl::accuracy(const torch::Tensor& Y_hat, const torch::Tensor&
                   Y.numel() * Y_hat.size(-1) == Y_hat.numel(),
               fmt::format("{}: Y must hold one label per row of Y_hat's last dimension, got "
                           "Y_hat {} and Y {}",
-                          fn, detail::shape_of(Y_hat), detail::shape_of(Y)));
+                          fn, d2l::detail::shape_of(Y_hat), d2l::detail::shape_of(Y)));
   const auto preds = Y_hat.reshape({-1, Y_hat.size(-1)}).argmax(1).to(Y.scalar_type());
   const auto compare = (preds == Y.reshape(-1)).to(torch::kFloat32);
   return averaged ? compare.mean() : compare;
