@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -146,6 +147,14 @@ TEST(AttentionMasks, EveryBackendAndDtypeMatchesTheDefinition) {
       // Reduced precision rounds the inputs too: compare with the oracle on them.
       const auto reference = reduced ? oracle(in, allowed_by_definition(c.mask, B, n, m), upstream)
                                      : expected;
+      // In reduced precision the composite path's products round as the BLAS
+      // kernels LibTorch picks for this CPU do, and so do the other backends'
+      // where they call the same products: the other backends are held to
+      // the dtype's tolerance or to 1.25 times the composite path's own error
+      // on that result, whichever is larger (the composite path itself to the
+      // tolerance alone).
+      const auto book = reduced ? ours(in, c.mask, AttentionBackend::kComposite, upstream)
+                                : std::vector<torch::Tensor>();
       for (const auto backend : backends()) {
         if (backend == AttentionBackend::kSdpa && reduced) continue;  // ATen's CPU SDPA: float, double
         const auto got = ours(in, c.mask, backend, upstream);
@@ -156,9 +165,13 @@ TEST(AttentionMasks, EveryBackendAndDtypeMatchesTheDefinition) {
           EXPECT_FALSE(got[i].isnan().any().item<bool>()) << what << " output " << i;
           const bool forward = i < 2;
           const double slack = tol.dtype == torch::kFloat ? 1e-5 : 0.0;
+          const double book_error =
+              reduced && backend != AttentionBackend::kComposite && book[i].defined()
+                  ? max_rel_error(book[i], reference[i])
+                  : 0.0;
           EXPECT_LT(max_rel_error(got[i], reference[i]),
-                    std::max(forward ? tol.forward : tol.backward, slack))
-              << what << " output " << i;
+                    std::max({forward ? tol.forward : tol.backward, slack, 1.25 * book_error}))
+              << what << " output " << i << " (the composite path: " << book_error << ")";
         }
       }
     }

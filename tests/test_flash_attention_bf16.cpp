@@ -269,7 +269,12 @@ TEST_P(FlashBf16, NonContiguousInputs) {
 }
 
 // A double backward recomputes with ATen ops in bfloat16, as the float
-// kernel's does: close to the float64 second derivatives.
+// kernel's does: close to the float64 second derivatives. Those ops round as
+// the BLAS kernels LibTorch picks for this CPU do (OpenBLAS's Haswell or
+// SkylakeX kernels, oneDNN, ATen's AVX2 or AVX-512 code), so the bound is
+// 0.05 normwise or 1.25 times what the book's composite ops in bfloat16 err
+// by on the same inputs, whichever is larger (as in
+// Isa/SmallHeads.BFloat16AgainstTheFloat64CompositePath).
 TEST_P(FlashBf16, DoubleBackwardRunsOnAtenOps) {
   torch::manual_seed(66);
   const auto qkv = rounded({torch::randn({2, 20, 6}), torch::randn({2, 24, 6}),
@@ -284,9 +289,12 @@ TEST_P(FlashBf16, DoubleBackwardRunsOnAtenOps) {
   };
   const auto ours = second_order(qkv, AttentionBackend::kFused);
   const auto exact = second_order(widened(qkv), AttentionBackend::kComposite);
+  const auto book = second_order(qkv, AttentionBackend::kComposite);  // the book's ops in bfloat16
   for (size_t i = 0; i < ours.size(); ++i) {
     EXPECT_EQ(ours[i].scalar_type(), torch::kBFloat16);
-    EXPECT_LT(normwise_error(ours[i], exact[i]), 0.05) << "input " << i;
+    const double book_error = normwise_error(book[i], exact[i]);
+    EXPECT_LT(normwise_error(ours[i], exact[i]), std::max(0.05, 1.25 * book_error))
+        << "input " << i << " (the book's ops in bfloat16: " << book_error << ")";
   }
 }
 

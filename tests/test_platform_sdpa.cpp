@@ -8,6 +8,7 @@
 #include <d2l/dot_product_attention.h>
 #include <d2l/multi_head_attention.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -25,7 +26,11 @@ using d2l::testing::length_cases;
 using d2l::testing::max_rel_error;
 
 // Every dtype SDPA has a CPU kernel for, with its tolerance against the
-// composite path in the same dtype (reduced precision: both round to it).
+// composite path in the same dtype (reduced precision: both round to it, as
+// the BLAS and ATen kernels LibTorch picks for this CPU do, so there the
+// bound is also at least 2.5 times the composite path's own error against
+// float64 on the same inputs: SDPA as accurate as it, the two differ by up
+// to twice that error, and a quarter more for the luck of the draw).
 using d2l::testing::DtypeTolerance;
 const std::vector<DtypeTolerance> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
                                                  {torch::kFloat, 2e-6, 2e-5},
@@ -36,22 +41,31 @@ const std::vector<DtypeTolerance> kSdpaDtypes = {{torch::kDouble, 1e-12, 1e-10},
 void expect_sdpa_matches_composite(const torch::Tensor& q0, const torch::Tensor& k0,
                                    const torch::Tensor& v0, const torch::Tensor& lens,
                                    const DtypeTolerance& c, const std::string& what) {
-  auto run = [&](AttentionBackend path) {
-    auto q = q0.detach().clone().requires_grad_(), k = k0.detach().clone().requires_grad_(),
-         v = v0.detach().clone().requires_grad_();
+  auto run = [&](AttentionBackend path, torch::ScalarType dtype) {
+    auto q = q0.detach().to(dtype).clone().requires_grad_(),
+         k = k0.detach().to(dtype).clone().requires_grad_(),
+         v = v0.detach().to(dtype).clone().requires_grad_();
     auto out = std::get<0>(dot(q, k, v, lens, path));
-    const auto G =
-        torch::linspace(-1, 1, out.numel(), torch::kDouble).reshape(out.sizes()).to(out.options());
+    // The upstream gradient rounded to c.dtype, also for the float64 oracle.
+    const auto G = torch::linspace(-1, 1, out.numel(), torch::kDouble)
+                       .reshape(out.sizes())
+                       .to(c.dtype)
+                       .to(dtype);
     (out * G).sum().backward();
     return std::vector<torch::Tensor>{out, q.grad(), k.grad(), v.grad()};
   };
-  const auto sdpa = run(AttentionBackend::kSdpa), composite = run(AttentionBackend::kComposite);
+  const auto sdpa = run(AttentionBackend::kSdpa, c.dtype);
+  const auto composite = run(AttentionBackend::kComposite, c.dtype);
+  const bool reduced = c.dtype == torch::kBFloat16 || c.dtype == torch::kHalf;
+  const auto exact = reduced ? run(AttentionBackend::kComposite, torch::kDouble) : composite;
   EXPECT_EQ(sdpa[0].scalar_type(), c.dtype) << what;
-  EXPECT_LT(max_rel_error(sdpa[0], composite[0]), c.forward) << what << " output";
   const char* names[] = {"output", "dq", "dk", "dv"};
-  for (int i = 1; i < 4; ++i) {
+  for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(sdpa[i].defined()) << what << " " << names[i];
-    EXPECT_LT(max_rel_error(sdpa[i], composite[i]), c.backward) << what << " " << names[i];
+    const double own = reduced ? max_rel_error(composite[i], exact[i]) : 0.0;
+    EXPECT_LT(max_rel_error(sdpa[i], composite[i]),
+              std::max(i == 0 ? c.forward : c.backward, 2.5 * own))
+        << what << " " << names[i] << " (the composite path's own error: " << own << ")";
   }
 }
 
