@@ -13,7 +13,7 @@ times ninja records in .ninja_log by part: the precompiled header, the
 library's files, the CPU kernel copies, d2l::train, d2l::viz, the program.
 Those are each job's wall time: on an idle machine with at most one job per
 core, its CPU time. Prints a markdown block with the machine, the date and the
-commit; with --write replaces the block between this script's markers in the
+with --write replaces the block between this script's markers in the
 named page. Run it on an idle machine. Standard library only.
 """
 import argparse
@@ -88,12 +88,12 @@ def build(tree, target, jobs, unity):
     return sums, counts, wall, isas
 
 
-def block(target, jobs, results, commit, when):
+def block(target, jobs, results, when):
     off, on = results
     lines = [BEGIN, "",
              f"`{target}` built in a fresh tree with `-j {jobs}`, compile seconds summed from "
              f"`.ninja_log` (each job's time; on an idle machine, its CPU time), on {machine()}, "
-             f"nothing else running; {when}, commit `{commit}`, by `python3 "
+             f"nothing else running; {when}, by `python3 "
              f"benchmarks/build_cost.py --target {target}`:", "",
              "| part | file by file (`D2L_UNITY_BUILD=OFF`) | unity batches (default) | ratio |",
              "| --- | --- | --- | --- |"]
@@ -125,8 +125,6 @@ def main():
     parser.add_argument("--write", metavar="PAGE", help="replace the block in this page")
     parser.add_argument("--keep", action="store_true", help="keep the build trees")
     args = parser.parse_args()
-    commit = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                     text=True).strip()
     work = pathlib.Path(tempfile.mkdtemp(prefix="d2l-build-cost-"))
     results = []
     for unity in (False, True):
@@ -136,7 +134,7 @@ def main():
               f"compile seconds, {results[-1][2]:.0f} s wall", flush=True)
         if not args.keep:
             shutil.rmtree(tree, ignore_errors=True)
-    text = block(args.target, args.jobs, results, commit, datetime.date.today().isoformat())
+    text = block(args.target, args.jobs, results, datetime.date.today().isoformat())
     print(text)
     if args.write:
         page = ROOT / args.write
