@@ -12,9 +12,9 @@ set), builds the target in each, one after the other, and sums the compile
 times ninja records in .ninja_log by part: the precompiled header, the
 library's files, the CPU kernel copies, d2l::train, d2l::viz, the program.
 Those are each job's wall time: on an idle machine with at most one job per
-core, its CPU time. Prints a markdown block with the machine, the date and the
-with --write replaces the block between this script's markers in the
-named page. Run it on an idle machine. Standard library only.
+core, its CPU time. Prints a markdown block with the machine and the date;
+with --write replaces the block between this script's markers in the named
+page. Run it on an idle machine. Standard library only.
 """
 import argparse
 import datetime
