@@ -7,7 +7,7 @@ Times each command in its own fresh clone of this checkout's HEAD, one after
 the other: `make demo`, `make test` and, with --check, `make check` (what CI
 runs). The Debian packages they install stay installed, so the figures are
 for a machine that has them (the first run on a new machine also downloads
-them). Prints a markdown block with the machine, the date, the commit and the
+them). Prints a markdown block with the machine, the date and the
 commands; with --write puts it into README.md between the front-door
 markers. Run it on an idle machine: nothing else should be building beside
 it. Standard library only.
@@ -71,11 +71,11 @@ def timed(cmd, cwd, log):
     return time.monotonic() - t0, rc
 
 
-def block(rows, commit, when):
+def block(rows, when):
     lines = [BEGIN, "",
              f"Each command in a fresh clone (`git clone`, then the command), with the Debian "
-             f"packages already installed, on {machine()}, nothing else running; {when}, commit "
-             f"`{commit}`, by `python3 benchmarks/front_door.py"
+             f"packages already installed, on {machine()}, nothing else running; {when}, by "
+             f"`python3 benchmarks/front_door.py"
              f"{' --check' if len(rows) > 2 else ''} --write`:", "",
              "| command | wall time | exit |", "| --- | --- | --- |"]
     for cmd, seconds, rc in rows:
@@ -91,8 +91,6 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep the clones (the logs always stay)")
     args = parser.parse_args()
 
-    commit = subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                     text=True).strip()
     when = datetime.date.today().isoformat()
     work = pathlib.Path(tempfile.mkdtemp(prefix="d2l-front-door-"))
     rows = []
@@ -106,7 +104,7 @@ def main():
         rows.append((cmd, seconds, rc))
         if rc != 0:
             break
-    text = block(rows, commit, when)
+    text = block(rows, when)
     print(text)
     if args.write:
         readme = ROOT / "README.md"
