@@ -91,11 +91,12 @@ ResolvedMask resolve_masks(const char* fn, const AttentionMask& mask,
   const auto& valid_lens = mask.valid_lens();
   if (!has_masks(mask)) return {valid_lens, range, {}, {}};
   const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(device);
-  // Lengths above m mean m; clamped before the conversion, which 1e20 would overflow.
+  // Lengths above m mean m; clamped before the conversion, which 1e20 would
+  // overflow (as float64: 1.13 has no float16 or bfloat16 clamp on the CPU).
   torch::Tensor lens;
   if (valid_lens.defined()) {
     lens = at::isFloatingType(valid_lens.scalar_type())
-               ? valid_lens.clamp_max(static_cast<double>(m)).to(torch::kLong)
+               ? valid_lens.to(torch::kDouble).clamp_max(static_cast<double>(m)).to(torch::kLong)
                : valid_lens.to(torch::kLong).clamp_max(m);
   }
   // Masks that lengths cannot express, true where a key is hidden,

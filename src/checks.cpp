@@ -4,7 +4,12 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <limits>
 
@@ -135,6 +140,63 @@ std::optional<LengthRange> check_valid_lens(const char* fn, const torch::Tensor&
                                     shape_of(valid_lens)));
   check_same_device(fn, scores_name, scores, "valid_lens", valid_lens);
   return check_length_values(fn, "valid_lens", valid_lens);
+}
+
+namespace {
+
+std::string kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "is a directory";
+  if (S_ISFIFO(mode)) return "is a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "is a character device";
+  if (S_ISBLK(mode)) return "is a block device";
+  if (S_ISSOCK(mode)) return "is a socket";
+  return "is not a regular file";
+}
+
+}  // namespace
+
+std::string unreadable_file_reason(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return {};  // the caller's own open says why
+  struct stat st {};
+  const bool stated = ::fstat(fd, &st) == 0;
+  ::close(fd);
+  return !stated || S_ISREG(st.st_mode) ? std::string() : kind_of(st.st_mode);
+}
+
+std::string unwritable_file_reason(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};  // absent: created, or fopen says why not
+  if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return {};
+  if (S_ISFIFO(st.st_mode)) {
+    // Opening a FIFO to write waits for a reader; without blocking it fails
+    // with ENXIO when there is none.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      ::close(fd);
+      return {};
+    }
+    return errno == ENXIO ? "is a FIFO (named pipe) that no process reads" : std::string();
+  }
+  return kind_of(st.st_mode);
+}
+
+void check_class_labels(const char* fn, const char* name, const torch::Tensor& labels,
+                        int64_t classes, const char* classes_from) {
+  TORCH_CHECK(labels.defined() && at::isIntegralType(labels.scalar_type(), /*includeBool=*/false),
+              fmt::format("{}: {} must hold class labels of an integer dtype, got {} {}", fn, name,
+                          labels.defined() ? c10::toString(labels.scalar_type()) : "undefined",
+                          shape_of(labels)));
+  if (labels.numel() == 0) return;
+  const auto flat = labels.reshape({-1});
+  const auto [lo, hi] = torch::aminmax(flat);
+  if (lo.item<int64_t>() >= 0 && hi.item<int64_t>() < classes) return;
+  const auto outside = torch::logical_or(flat < 0, flat >= classes).nonzero();
+  const int64_t at = outside[0][0].item<int64_t>();
+  TORCH_CHECK(false, fmt::format("{}: {} holds {} at flat index {}, outside the {} classes 0..{} "
+                                 "of {} (shape {})",
+                                 fn, name, flat[at].item<int64_t>(), at, classes, classes - 1,
+                                 classes_from, shape_of(labels)));
 }
 
 void check_dropout(const char* fn, double p) {

@@ -62,6 +62,27 @@ std::optional<LengthRange> check_length_values(const char* fn, const char* name,
 /// `p` must be a probability in [0, 1] (NaN is not one).
 void check_dropout(const char* fn, double p);
 
+/// Why the file `path` cannot be read as a file: "is a FIFO (named pipe)",
+/// "is a directory", "is a character device", ...; empty when it is a
+/// regular file, or cannot be opened at all (the caller's own open then says
+/// why). It is opened without blocking: a FIFO with no writer is refused at
+/// once, not waited on, and a device that never ends is never read.
+std::string unreadable_file_reason(const std::string& path);
+
+/// Why the file `path` cannot be written as a file: "is a directory", "is a
+/// FIFO (named pipe) that no process reads" (opening it would block), ...;
+/// empty when it is absent, a regular file, a device such as /dev/null or a
+/// FIFO that a process reads (the caller's own open then says what fails).
+std::string unwritable_file_reason(const std::string& path);
+
+/// Class labels, any shape: an integer dtype (not bool), each one in [0,
+/// classes). A c10::Error naming `fn`, the argument `name` and the dtype, or
+/// the first label outside and its flat index, with `classes_from` (the
+/// argument whose size gives `classes`). Reads the labels (on CUDA, one
+/// synchronisation).
+void check_class_labels(const char* fn, const char* name, const torch::Tensor& labels,
+                        int64_t classes, const char* classes_from);
+
 /// Whether this LibTorch multiplies float16 matrices on the CPU (1.13 does not).
 bool cpu_float16_matmul_available();
 

@@ -15,13 +15,17 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
 #include <torch/utils.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <exception>
 #include <mutex>
 #include <ostream>
+#include <sstream>
 
 #include "checked_load.h"
 #include "checks.h"
+#include "lazy_internal.h"
 
 namespace d2l {
 namespace {
@@ -80,6 +84,20 @@ void fix_width(Layer& layer, const char* fn, const char* name, const char* what,
   if (layer.has_uninitialized_params()) layer.materialize(width);
 }
 
+// Module::save of a layer still waiting for its width would write empty
+// parameters, which no load takes back (the checked load expects the
+// width): refused, as save_state_dict refuses, before anything is written.
+template <typename Layer>
+void check_saveable(const Layer& layer, const char* fn, const char* width) {
+  if (!layer.has_uninitialized_params()) return;
+  std::ostringstream shown;
+  layer.pretty_print(shown);
+  TORCH_CHECK(false, fmt::format("{}: {} does not know its {} yet, and an archive saved now could "
+                                 "not be loaded back: call forward once (or materialize, or load "
+                                 "a state dict) before torch::save",
+                                 fn, shown.str(), width));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -121,11 +139,19 @@ void LazyLinearImpl::load(torch::serialize::InputArchive& archive) {
   detail::checked_load(*this, archive, "d2l::LazyLinear::load");
 }
 
+void LazyLinearImpl::save(torch::serialize::OutputArchive& archive) const {
+  check_saveable(*this, "d2l::LazyLinear::save", "in_features");
+  torch::nn::Module::save(archive);
+}
+
 torch::Tensor LazyLinearImpl::forward(const torch::Tensor& input) {
   const char* fn = "d2l::LazyLinear::forward";
-  ensure_width(fn, "input", input);
+  // Checked before the width is fixed: a refused call fixes nothing (the
+  // empty parameters already have the module's dtype and device).
+  TORCH_CHECK(input.defined(), fmt::format("{}: input must be a defined tensor", fn));
   detail::check_same_dtype(fn, "weight", weight, "input", input);
   detail::check_same_device(fn, "weight", weight, "input", input);
+  ensure_width(fn, "input", input);
   return torch::nn::functional::linear(input, weight, bias);
 }
 
@@ -218,6 +244,11 @@ void LazyConv2dImpl::load(torch::serialize::InputArchive& archive) {
   detail::checked_load(*this, archive, "d2l::LazyConv2d::load");
 }
 
+void LazyConv2dImpl::save(torch::serialize::OutputArchive& archive) const {
+  check_saveable(*this, "d2l::LazyConv2d::save", "in_channels");
+  torch::nn::Module::save(archive);
+}
+
 torch::Tensor LazyConv2dImpl::forward(const torch::Tensor& input) {
   const char* fn = "d2l::LazyConv2d::forward";
   TORCH_CHECK(input.defined() && (input.dim() == 3 || input.dim() == 4),
@@ -231,9 +262,9 @@ torch::Tensor LazyConv2dImpl::forward(const torch::Tensor& input) {
   TORCH_CHECK(h >= k[0] && w >= k[1],
               fmt::format("{}: input {} (padded to {}x{}) is smaller than the kernel {}x{}", fn,
                           detail::shape_of(input), h, w, k[0], k[1]));
-  fix_width(*this, fn, "input", "channels", input, input.size(-3), width_);
   detail::check_same_dtype(fn, "weight", weight, "input", input);
   detail::check_same_device(fn, "weight", weight, "input", input);
+  fix_width(*this, fn, "input", "channels", input, input.size(-3), width_);
   return torch::conv2d(input, weight, bias, options.stride(), options.padding());
 }
 
@@ -273,6 +304,41 @@ void LazyConv2dImpl::dematerialize() {
 }
 
 // ---------------------------------------------------------------------------
+
+namespace detail {
+
+LazyCallGuard::LazyCallGuard(torch::nn::Module& module)
+    : uncaught_(std::uncaught_exceptions()) {
+  module.apply([this](torch::nn::Module& m) {
+    auto* lazy = dynamic_cast<LazyModule*>(&m);
+    if (lazy != nullptr && lazy->has_uninitialized_params()) waiting_.push_back(lazy);
+  });
+  if (!waiting_.empty()) {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    rng_state_ = generator.get_state();
+  }
+}
+
+LazyCallGuard::~LazyCallGuard() {
+  if (waiting_.empty() || std::uncaught_exceptions() <= uncaught_) return;
+  bool undone = false;
+  {
+    std::lock_guard<std::mutex> lock(materialize_mutex());
+    for (auto* lazy : waiting_) {
+      if (lazy->has_uninitialized_params()) continue;
+      lazy->dematerialize();
+      undone = true;
+    }
+  }
+  if (undone) {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng_state_);
+  }
+}
+
+}  // namespace detail
 
 bool has_uninitialized_params(const torch::nn::Module& module) {
   if (const auto* lazy = dynamic_cast<const LazyModule*>(&module)) {

@@ -84,9 +84,7 @@ void append(MultiHeadAttentionCache& cache, const torch::Tensor& k, const torch:
 }
 
 void record_sources(MultiHeadAttentionCache& cache, const MultiHeadAttentionImpl& m) {
-  auto& sources = Access::sources(cache);
-  sources.clear();
-  for (const auto& p : projection_parameters(m)) sources.emplace_back(p, p._version());
+  Access::sources(cache) = std::make_shared<const detail::WeightSignature>(projection_parameters(m));
 }
 
 }  // namespace
@@ -110,20 +108,16 @@ void check_cache_source(const char* fn, const MultiHeadAttentionImpl& m,
                         const MultiHeadAttentionCache& cache) {
   if (cache.empty()) return;
   const auto& sources = Access::sources(cache);
-  const auto params = projection_parameters(m);
-  bool same = sources.size() == params.size();
-  bool unchanged = true;
-  for (size_t i = 0; same && i < params.size(); ++i) {
-    same = sources[i].first.is_same(params[i]);
-    unchanged = unchanged && sources[i].second == params[i]._version();
-  }
-  TORCH_CHECK(same, fmt::format("{}: cache was filled by another MultiHeadAttention (its keys and "
+  const auto match = sources ? sources->match(projection_parameters(m), Access::check_values(cache))
+                             : WeightSignature::Match::kOther;
+  TORCH_CHECK(match != WeightSignature::Match::kOther, fmt::format("{}: cache was filled by another MultiHeadAttention (its keys and "
                                 "values were projected by other W_k and W_v)",
                                 fn));
-  TORCH_CHECK(unchanged, fmt::format("{}: cache was filled before this module's W_k or W_v "
-                                     "changed (an optimizer step, load, to); clear() it and fill "
-                                     "it again",
-                                     fn));
+  TORCH_CHECK(match == WeightSignature::Match::kSame,
+              fmt::format("{}: cache was filled before this module's W_k or W_v changed (an "
+                          "optimizer step, a load, `to`, an edit through .data()); clear() it "
+                          "and fill it again",
+                          fn));
 }
 
 // new_keys (B, s, key_size) and new_values (B, s, value_size), both or neither,

@@ -6,8 +6,11 @@
 #include <d2l/multi_head_attention.h>
 #include <torch/types.h>
 
+#include "weight_signature.h"
+
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -49,20 +52,29 @@ struct MultiHeadAttentionCacheAccess {
   static const torch::Tensor& keys(const MultiHeadAttentionCache& c) { return c.keys_; }
   static const torch::Tensor& values(const MultiHeadAttentionCache& c) { return c.values_; }
   static int64_t& length(MultiHeadAttentionCache& c) { return c.length_; }
-  static std::vector<std::pair<torch::Tensor, int64_t>>& sources(MultiHeadAttentionCache& c) {
+  static std::shared_ptr<const WeightSignature>& sources(MultiHeadAttentionCache& c) {
     return c.sources_;
   }
-  static const std::vector<std::pair<torch::Tensor, int64_t>>& sources(
-      const MultiHeadAttentionCache& c) {
+  static const std::shared_ptr<const WeightSignature>& sources(const MultiHeadAttentionCache& c) {
     return c.sources_;
   }
+  static bool& check_values(MultiHeadAttentionCache& c) { return c.check_values_; }
+  static bool check_values(const MultiHeadAttentionCache& c) { return c.check_values_; }
 };
+
+/// A cache that a decoder keeps for one decoding and advances step by step:
+/// its checks leave out the weights' bytes (Note [Caches keyed on weights]).
+inline void mark_decoder_cache(MultiHeadAttentionCache& cache) {
+  MultiHeadAttentionCacheAccess::check_values(cache) = false;
+}
 
 /// Whether autograd records a call with these inputs on `m`: gradients may
 /// flow into the cache's graph.
 bool recording(const MultiHeadAttentionImpl& m, std::initializer_list<torch::Tensor> inputs);
 
-/// The cache against the module: filled by its W_k and W_v as they are now.
+/// The cache against the module: filled by its W_k and W_v as they are now
+/// (their bytes too, unless the cache is a decoder's: Note [Caches keyed on
+/// weights]).
 void check_cache_source(const char* fn, const MultiHeadAttentionImpl& m,
                         const MultiHeadAttentionCache& cache);
 

@@ -29,6 +29,7 @@ namespace {
 
 using namespace d2l::testing::distributed;
 using d2l::testing::error_message;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // What rank R of an "allreduce" run wrote: "sum last world tcp_store agent".
@@ -66,7 +67,18 @@ TEST(DistributedLaunch, LaunchOptionsFromFlags) {
               HasSubstr("master must be ADDR:PORT, got \"10.0.0.1\""));
   EXPECT_THAT(fails({"--master", "h:70000"}),
               HasSubstr("the port of master must be in [1, 65535], got 70000"));
-  EXPECT_THAT(fails({"--dist-timeout", "0"}), HasSubstr("--dist-timeout must be a positive"));
+  // Timeouts that would mean "never" or "now": refused, not turned into a
+  // negative or a zero timeout.
+  for (const char* never_or_now :
+       {"0", "-1", "inf", "-inf", "nan", "1e300", "0.0001", "1e-9", "31536001", "2.5s"}) {
+    EXPECT_THAT(fails({"--dist-timeout", never_or_now}),
+                AllOf(HasSubstr("--dist-timeout must be"),
+                      HasSubstr(std::string("got \"") + never_or_now + "\"")));
+  }
+  std::vector<std::string> edges{"--dist-timeout", "0.0015"};
+  EXPECT_EQ(dist::LaunchOptions::parse(edges).timeout(), std::chrono::milliseconds(2));
+  edges = {"--dist-timeout", "31536000"};  // a year
+  EXPECT_EQ(dist::LaunchOptions::parse(edges).timeout(), std::chrono::hours(24 * 365));
   EXPECT_THAT(fails({"--spawn", "0"}), HasSubstr("--spawn must be positive, got 0"));
   EXPECT_THAT(fails({"--tcp-store", "bogus"}),
               HasSubstr("--tcp-store takes auto, libuv, classic, got \"bogus\""));
@@ -120,8 +132,21 @@ TEST(DistributedLaunch, LaunchOptionsFromTorchrunsEnvironment) {
   ::setenv("USE_LIBUV", "yes", 1);
   EXPECT_THAT(error_message([] { dist::LaunchOptions::from_environment(); }),
               HasSubstr("USE_LIBUV must be 0 or 1, got \"yes\""));
+  ::unsetenv("USE_LIBUV");
+  // A port out of range is refused where it is read, naming the variables.
+  ::setenv("MASTER_PORT", "70000", 1);
+  EXPECT_THAT(error_message([] { dist::LaunchOptions::from_environment(); }),
+              AllOf(HasSubstr("MASTER_PORT"), HasSubstr("[1, 65535], got 70000")));
+  ::setenv("MASTER_PORT", "1234", 1);
+  for (const char* bad : {"-5", "0", "31536000001", "1e3", "x"}) {
+    ::setenv("D2L_DIST_TIMEOUT_MS", bad, 1);
+    EXPECT_THAT(error_message([] { dist::LaunchOptions::from_environment(); }),
+                AllOf(HasSubstr("D2L_DIST_TIMEOUT_MS must be"), HasSubstr(bad)));
+  }
+  ::setenv("D2L_DIST_TIMEOUT_MS", "1500", 1);
+  EXPECT_EQ(dist::LaunchOptions::from_environment().timeout(), std::chrono::milliseconds(1500));
   for (const char* name : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT",
-                           "TORCHELASTIC_USE_AGENT_STORE", "USE_LIBUV"}) {
+                           "TORCHELASTIC_USE_AGENT_STORE", "USE_LIBUV", "D2L_DIST_TIMEOUT_MS"}) {
     ::unsetenv(name);
   }
 }

@@ -335,4 +335,47 @@ TEST(MultiHeadAttentionCache, ErrorsNameTheFunctionTheArgumentAndTheShapes) {
   EXPECT_EQ(cache.size(), 1);
 }
 
+// Note [Caches keyed on weights]: edits that autograd's version counter does
+// not see (through .data(), the usual C++ idiom for loading weights) and
+// Module::to are refused by name, never answered with the old projections.
+TEST(MultiHeadAttentionCache, EditsThroughDataAndToAreRefused) {
+  torch::NoGradGuard no_grad;
+  const std::string fn = "d2l::MultiHeadAttention::forward_cached";
+  const auto q = torch::randn({2, 1, kQuerySize});
+  const auto k = torch::randn({2, 3, kKeySize});
+  const auto v = torch::randn({2, 3, kValueSize});
+  for (const bool bias : {false, true}) {
+    for (const int which : {0, 1, 2}) {  // W_k's weight, W_v's weight, W_k's bias
+      if (which == 2 && !bias) continue;
+      SCOPED_TRACE(::testing::Message() << "bias " << bias << ", parameter " << which);
+      auto m = cache_module(8, 2, bias, torch::kFloat);
+      auto memory = m->project_memory(k, v);
+      auto param = which == 0 ? m->W_k->weight : which == 1 ? m->W_v->weight : m->W_k->bias;
+      // One element, as an edit of one weight would: a fingerprint of a
+      // sample of the weights would miss it.
+      const auto saved = param.detach().clone();
+      param.data().view(-1)[param.numel() - 1] += 0.5;
+      EXPECT_THAT(error_message([&] { m->forward_cached(q, {}, {}, memory); }),
+                  AllOf(StartsWith(fn), HasSubstr("W_k or W_v changed"), HasSubstr(".data()")));
+      // Put back bit for bit: the cache serves again, with forward's numbers.
+      param.data().copy_(saved);
+      const auto direct = m->forward(q, k, v);
+      const auto reference = m->forward_cached(q, {}, {}, memory);
+      EXPECT_LE(max_rel_error(reference, direct), 1e-5);
+    }
+  }
+  auto m = cache_module(8, 2, true, torch::kFloat);
+  auto memory = m->project_memory(k, v);
+  m->to(torch::kDouble);
+  EXPECT_THAT(error_message([&] { m->forward_cached(q.to(torch::kDouble), {}, {}, memory); }),
+              AllOf(StartsWith(fn), HasSubstr("W_k or W_v changed")));
+  // A weight swapped in place for another tensor's values (Module::load's
+  // set_data) is another pointer, the same parameter object.
+  auto n = cache_module(8, 2, false, torch::kFloat);
+  auto held = n->project_memory(k, v);
+  n->W_v->weight.set_data(n->W_v->weight.detach().clone());
+  EXPECT_THAT(error_message([&] { n->forward_cached(q, {}, {}, held); }),
+              AllOf(StartsWith(fn), HasSubstr("W_k or W_v changed")));
+}
+
 }  // namespace

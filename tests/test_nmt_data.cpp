@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fifo_watchdog.h"
 #include "test_utils.h"
 
 namespace {
@@ -39,6 +40,19 @@ TEST(NmtData, ReadDataNmtGivesTheBooksRawText) {
   EXPECT_EQ(raw.substr(0, 76),
             "Go.\tVa !\nHi.\tSalut !\nRun!\tCours !\nRun!\tCourez !\nWho?\tQui ?\nWow!\t\xc3\x87"
             "a alors !\n");
+}
+
+TEST(NmtData, ReadDataNmtRefusesAFifoWithoutBlocking) {
+  using d2l::testing::FifoWatchdog;
+  const auto path = std::filesystem::path(::testing::TempDir()) /
+                    ("d2l_nmt_fifo_" + std::to_string(::getpid()) + ".txt");
+  std::filesystem::remove(path);
+  d2l::testing::make_fifo(path.string());
+  FifoWatchdog watchdog(path.string(), FifoWatchdog::Side::kReader);
+  EXPECT_EQ(error_message([&] { d2l::read_data_nmt(path.string()); }),
+            "d2l::read_data_nmt: " + path.string() + ": cannot be read: it is a FIFO (named pipe)");
+  EXPECT_FALSE(watchdog.finish()) << "the FIFO's reader blocked";
+  std::filesystem::remove(path);
 }
 
 TEST(NmtData, ReadDataNmtAcceptsTheFileTheDirectoryAndTheZip) {

@@ -328,6 +328,30 @@ TEST(NnMultiheadAttention, RowsThatSeeNoKeyGiveZerosNotNaN) {
   }
 }
 
+TEST(NnMultiheadAttention, LearnedFloatMaskGetsItsGradientWhateverItsValues) {
+  // A float mask that requires grad is data (a learned bias): all 0 (or 0
+  // and -inf) it is not read as a boolean mask, which would get no gradient.
+  // Softmax does not see a constant added to a row, so the gradient at 0 is
+  // the gradient at 0.25, which takes the additive path in any case.
+  torch::manual_seed(9);
+  d2l::nn::MultiheadAttention ours(kNnE, kNnHeads);
+  const auto q = torch::randn({kNnL, kNnN, kNnE}), k = torch::randn({kNnS, kNnN, kNnE});
+  const auto grad_at = [&](double value) {
+    auto mask = torch::full({kNnL, kNnS}, value, torch::requires_grad());
+    EXPECT_EQ(ours->explain_path(q, k, k, torch::Tensor(), true, mask).path, "additive_mask");
+    std::get<0>(ours(q, k, k, torch::Tensor(), true, mask)).pow(2).sum().backward();
+    return mask.grad();
+  };
+  const auto at_zero = grad_at(0.0), shifted = grad_at(0.25);
+  ASSERT_TRUE(at_zero.defined());
+  EXPECT_GT(shifted.abs().max().item<double>(), 1e-3);
+  EXPECT_LT(max_rel_error(at_zero, shifted), 1e-5);
+  // Without autograd recording, the same mask is a boolean mask again.
+  torch::NoGradGuard no_grad;
+  const auto zeros = torch::zeros({kNnL, kNnS}, torch::requires_grad());
+  EXPECT_EQ(ours->explain_path(q, k, k, torch::Tensor(), true, zeros).path, "small_heads");
+}
+
 TEST(NnMultiheadAttention, PathsOfTheMasks) {
   torch::manual_seed(8);
   d2l::nn::MultiheadAttention ours(kNnE, kNnHeads);

@@ -145,4 +145,32 @@ TEST(Seq2SeqAttentionDecoder, KeepsItsKeysInTheStatesCache) {
   EXPECT_FALSE(torch::allclose(std::get<0>(decoder(Y, replaced)), expected));
 }
 
+// Note [Caches keyed on weights]: keys projected before W_k changed are not
+// used after it: an optimizer step (in place: the version changes), a load
+// that swaps the data, `to`. (The bytes are not read at every step: an edit
+// through .data() in the middle of a decoding is the one change not seen.)
+TEST(Seq2SeqAttentionDecoder, ProjectsTheKeysAgainAfterWkChanges) {
+  torch::manual_seed(6);
+  torch::NoGradGuard no_grad;
+  d2l::Seq2SeqEncoder encoder(kVocab, kEmbed, kHiddens, kLayers);
+  d2l::Seq2SeqAttentionDecoder decoder(kVocab, kEmbed, kHiddens, kLayers);
+  const auto X = torch::randint(kVocab, {2, 5}), Y = torch::randint(kVocab, {2, 3});
+  const auto lens = torch::tensor({5, 2});
+  const auto expect_the_books = [&](const d2l::DecoderState& state) {
+    const auto [book, book_weights] = book_attention_decoder(*decoder, Y, state);
+    EXPECT_TRUE(torch::allclose(std::get<0>(decoder(Y, state)), book));
+  };
+  const auto state = decoder->init_state(encoder(X), lens);
+  auto W_k = decoder->attention->W_k->weight;
+  W_k.mul_(0.5);
+  expect_the_books(state);
+  W_k.set_data(W_k.detach() * 2);
+  expect_the_books(state);
+  decoder->to(torch::kDouble);
+  encoder->to(torch::kDouble);
+  const auto twice = decoder->init_state(encoder(X), lens);
+  decoder->attention->W_k->weight.set_data(decoder->attention->W_k->weight.detach() + 1);
+  expect_the_books(twice);
+}
+
 }  // namespace

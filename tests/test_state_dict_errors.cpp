@@ -8,11 +8,13 @@
 
 #include <gmock/gmock.h>
 
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "fifo_watchdog.h"
 #include "serialization_helpers.h"
 #include "serialize/pickle.h"
 #include "serialize/zip.h"
@@ -286,6 +288,40 @@ TEST(StateDictErrors, CorruptedFilesNeverCrash) {
       }
     }
   }
+}
+
+TEST(StateDictErrors, FifosAndDirectoriesAreRefusedWithoutBlocking) {
+  using d2l::testing::FifoWatchdog;
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("d2l_state_dict_fifo_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto fifo = (dir / "model.pt").string();
+  d2l::testing::make_fifo(fifo);
+  d2l::AdditiveAttention model(2, 20, 8, 0.0);
+  {
+    FifoWatchdog watchdog(fifo, FifoWatchdog::Side::kReader);
+    EXPECT_THAT(error_message([&] { d2l::load_state_dict(*model, fifo); }),
+                StartsWith("d2l::load_state_dict: " + fifo +
+                           ": cannot read the file: it is a FIFO (named pipe)"));
+    EXPECT_THAT(error_message([&] { d2l::read_state_dict(fifo); }),
+                StartsWith("d2l::read_state_dict: " + fifo + ": cannot read the file: it is a FIFO"));
+    EXPECT_FALSE(watchdog.finish()) << "the FIFO's reader blocked";
+  }
+  {
+    FifoWatchdog watchdog(fifo, FifoWatchdog::Side::kWriter);
+    EXPECT_THAT(error_message([&] { d2l::save_state_dict(*model, fifo); }),
+                StartsWith("d2l::save_state_dict: " + fifo +
+                           ": cannot write the file: it is a FIFO (named pipe) that no process reads"));
+    EXPECT_FALSE(watchdog.finish()) << "the FIFO's writer blocked";
+  }
+  EXPECT_THAT(error_message([&] { d2l::load_state_dict(*model, dir.string()); }),
+              HasSubstr("cannot read the file: it is a directory"));
+  EXPECT_THAT(error_message([&] { d2l::save_state_dict(*model, dir.string()); }),
+              HasSubstr("cannot write the file: it is a directory"));
+  EXPECT_THAT(error_message([&] { d2l::load_state_dict(*model, "/dev/zero"); }),
+              HasSubstr("/dev/zero: cannot read the file: it is a character device"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(StateDictErrors, WriterRefusesWhatTorchLoadCouldNotRead) {

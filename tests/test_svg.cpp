@@ -8,6 +8,7 @@
 #include <regex>
 #include <string>
 
+#include "fifo_watchdog.h"
 #include "test_utils.h"
 #include "xml_checked.h"
 
@@ -55,6 +56,18 @@ TEST_F(SvgWriter, ADirectoryIsNotWritten) {
 
 // /dev/full accepts the open and fails when the buffered text is flushed: the
 // error must not be lost on close.
+TEST_F(SvgWriter, AFifoThatNoProcessReadsIsRefusedWithoutBlocking) {
+  using d2l::testing::FifoWatchdog;
+  const auto path = (dir_ / "figure.svg").string();
+  d2l::testing::make_fifo(path);
+  FifoWatchdog watchdog(path, FifoWatchdog::Side::kWriter);
+  const auto [heatmap, plot] = errors_writing(path);
+  EXPECT_FALSE(watchdog.finish()) << "the FIFO's writer blocked";
+  const std::string reason = "': it is a FIFO (named pipe) that no process reads";
+  EXPECT_EQ(heatmap, "d2l::show_heatmaps: cannot write '" + path + reason);
+  EXPECT_EQ(plot, "d2l::save_plot: cannot write '" + path + reason);
+}
+
 TEST_F(SvgWriter, AFailedFlushIsReported) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
   const auto [heatmap, plot] = errors_writing("/dev/full");

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "data/mnist_files.h"
+#include "fifo_watchdog.h"
 #include "test_utils.h"
 
 // A named namespace: the tests compile in unity batches, where every file's
@@ -31,6 +32,7 @@ namespace v1_fashion_mnist_files_test {
 namespace fs = std::filesystem;
 namespace detail = d2l::v1::detail;
 using d2l::testing::error_message;
+using d2l::testing::FifoWatchdog;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -260,6 +262,38 @@ TEST(V1FashionMNISTFiles, TheClassOnAGeneratedRoot) {
                 d2l::v1::FashionMNIST(64, {28, 28}, d2l::v1::FashionMNISTOptions().root(root.string()).cache_dir((folder / "cache").string()));
               }),
               StartsWith("d2l::v1::FashionMNIST: " + gz + ": decompresses to 100 bytes, expected 60008"));
+}
+
+TEST(V1FashionMNISTFiles, FifosDirectoriesAndDevicesAreRefusedWithoutBlocking) {
+  const auto folder = temp_folder();
+  const auto root = gz_root(folder, true);
+  const auto gz = root / "train-labels-idx1-ubyte.gz";
+  fs::remove(gz);
+  d2l::testing::make_fifo(gz.string());
+  const auto options =
+      d2l::v1::FashionMNISTOptions().root(root.string()).cache_dir((folder / "cache").string());
+  FifoWatchdog watchdog(gz.string(), FifoWatchdog::Side::kReader);
+  const auto message = error_message([&] { d2l::v1::FashionMNIST(64, {28, 28}, options); });
+  EXPECT_FALSE(watchdog.finish()) << "the FIFO's reader blocked";
+  EXPECT_THAT(message, StartsWith("d2l::v1::FashionMNIST: cannot read " + gz.string() +
+                                  ": it is a FIFO (named pipe)"));
+  // The uncompressed files too.
+  const auto plain = folder / "plain";
+  fs::create_directories(plain);
+  write_file(plain / "t10k-images-idx3-ubyte", idx(kImages, 10000));
+  const auto labels = plain / "t10k-labels-idx1-ubyte";
+  d2l::testing::make_fifo(labels.string());
+  FifoWatchdog plain_watchdog(labels.string(), FifoWatchdog::Side::kReader);
+  EXPECT_THAT(error_message([&] {
+                detail::prepare_split(kFn, plain.string(), (folder / "c").string(), false);
+              }),
+              HasSubstr(labels.string() + ": it is a FIFO (named pipe)"));
+  EXPECT_FALSE(plain_watchdog.finish()) << "the FIFO's reader blocked";
+  EXPECT_THAT(check("/dev/zero", kLabels), HasSubstr("/dev/zero: it is a character device"));
+  fs::remove(gz);
+  fs::create_directory(gz);
+  EXPECT_THAT(error_message([&] { d2l::v1::FashionMNIST(64, {28, 28}, options); }),
+              HasSubstr(gz.string() + ": it is a directory"));
 }
 
 class ScopedEnv {

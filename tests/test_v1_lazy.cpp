@@ -192,6 +192,111 @@ TEST(V1MultiHeadAttention, EqualsTheBookEditionWithTheSameWeights) {
   EXPECT_EQ(v1->attention->attention_weights.sizes(), (std::vector<int64_t>{4, 3, 4}));
 }
 
+TEST(V1Lazy, NonStrictLoadWithoutTheBiasDrawsItAsTheFirstCallWould) {
+  // The file holds the weight, not the bias: a non-strict load gives the
+  // layer its width and draws the bias as nn.Linear's reset does (uniform in
+  // ±1/sqrt(in_features)), never leaving it uninitialised memory.
+  d2l::LazyLinear source(3);
+  source(torch::randn({1, 400}));
+  std::stringstream file;
+  d2l::write_state_dict({{"weight", source->weight.detach()}}, file);
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    d2l::LazyLinear target(3);
+    target->to(dtype);
+    file.clear();
+    file.seekg(0);
+    d2l::load_state_dict(*target, file, /*strict=*/false);
+    EXPECT_TRUE(torch::equal(target->weight, source->weight.to(dtype)));
+    ASSERT_EQ(target->bias.sizes(), (std::vector<int64_t>{3}));
+    EXPECT_TRUE(torch::isfinite(target->bias).all().item<bool>());
+    EXPECT_LE(target->bias.abs().max().item<double>(), 1 / std::sqrt(400.0));
+    EXPECT_GT(target->bias.abs().max().item<double>(), 0);
+  }
+  // A strict load refuses the file and leaves the layer lazy.
+  file.clear();
+  file.seekg(0);
+  d2l::LazyLinear strict(3);
+  EXPECT_NE(error_of([&] { d2l::load_state_dict(*strict, file); }).find("missing keys"),
+            std::string::npos);
+  EXPECT_TRUE(strict->has_uninitialized_params());
+}
+
+TEST(V1Lazy, TorchSaveBeforeTheWidthIsKnownIsRefused) {
+  // The archive would hold empty parameters that no load takes back.
+  d2l::v1::ViT vit(/*img_size=*/8, /*patch_size=*/4, /*num_hiddens=*/8, /*mlp_num_hiddens=*/16,
+                   /*num_heads=*/2, /*num_blks=*/1, /*emb_dropout=*/0.0, /*blk_dropout=*/0.0);
+  std::stringstream archive;
+  const auto message = error_of([&] { torch::save(vit, archive); });
+  EXPECT_NE(message.find("d2l::LazyConv2d::save"), std::string::npos) << message;
+  EXPECT_NE(message.find("in_channels"), std::string::npos) << message;
+  d2l::LazyLinear linear(3);
+  EXPECT_NE(error_of([&] { torch::save(linear, archive); }).find("d2l::LazyLinear::save"),
+            std::string::npos);
+  // After the first batch it round-trips.
+  vit->eval();
+  const auto X = torch::randn({2, 1, 8, 8});
+  const auto expected = vit(X);
+  std::stringstream saved;
+  torch::save(vit, saved);
+  d2l::v1::ViT loaded(8, 4, 8, 16, 2, 1, 0.0, 0.0);
+  torch::load(loaded, saved);
+  loaded->eval();
+  EXPECT_TRUE(torch::allclose(loaded(X), expected));
+}
+
+TEST(V1Lazy, ARefusedFirstCallFixesNoWidthAndDrawsNothing) {
+  // Batch sizes that differ are refused after the widths are read: the
+  // refusal undoes them, so the next valid call, of other widths, is taken.
+  const std::vector<torch::Tensor> refused{torch::randn({2, 3, 5}), torch::randn({3, 4, 6}),
+                                           torch::randn({3, 4, 7})};
+  const std::vector<torch::Tensor> valid{torch::randn({2, 3, 9}), torch::randn({2, 4, 10}),
+                                         torch::randn({2, 4, 11})};
+  const auto bad = [&](auto& module) {
+    return error_of([&] { module(refused[0], refused[1], refused[2]); });
+  };
+  {
+    torch::manual_seed(1);
+    d2l::v1::MultiHeadAttention mha(8, 2, 0.0);
+    EXPECT_NE(bad(mha), "");
+    EXPECT_TRUE(d2l::has_uninitialized_params(*mha));
+    const auto out = mha(valid[0], valid[1], valid[2]);
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 8}));
+    // Nothing was drawn: the weights are those of a module that never saw the
+    // refused call.
+    torch::manual_seed(1);
+    d2l::v1::MultiHeadAttention fresh(8, 2, 0.0);
+    fresh(valid[0], valid[1], valid[2]);
+    EXPECT_TRUE(torch::equal(mha->W_q->weight, fresh->W_q->weight));
+    EXPECT_TRUE(torch::equal(mha->W_o->weight, fresh->W_o->weight));
+  }
+  {
+    d2l::v1::AdditiveAttention additive(8, 0.0);
+    EXPECT_NE(bad(additive), "");
+    EXPECT_TRUE(d2l::has_uninitialized_params(*additive));
+    additive(valid[0], valid[1], valid[2]);
+    EXPECT_EQ(*additive->W_q->in_features(), 9);
+    EXPECT_EQ(*additive->W_k->in_features(), 10);
+  }
+  {
+    // An input of another dtype than the layer's is refused before the
+    // width is read.
+    d2l::LazyLinear linear(3);
+    EXPECT_NE(error_of([&] { linear(torch::randn({2, 5}, torch::kDouble)); }), "");
+    EXPECT_TRUE(linear->has_uninitialized_params());
+    d2l::LazyConv2d conv(d2l::LazyConv2dOptions(4, 3));
+    EXPECT_NE(error_of([&] { conv(torch::randn({1, 2, 5, 5}, torch::kDouble)); }), "");
+    EXPECT_TRUE(conv->has_uninitialized_params());
+  }
+  {
+    // The FFN reads dense1's width from X before dense1 refuses X's dtype.
+    d2l::v1::PositionWiseFFN ffn(16, 8);
+    EXPECT_NE(error_of([&] { ffn(torch::randn({2, 3, 5}, torch::kDouble)); }), "");
+    EXPECT_TRUE(d2l::has_uninitialized_params(*ffn));
+    EXPECT_EQ(ffn(torch::randn({2, 3, 7})).sizes(), (std::vector<int64_t>{2, 3, 8}));
+    EXPECT_EQ(*ffn->dense1->in_features(), 7);
+  }
+}
+
 TEST(V1MultiHeadAttention, BadInputNamesTheArgumentBeforeFixingAWidth) {
   d2l::v1::MultiHeadAttention mha(8, 2, 0.0);
   const auto message =

@@ -150,6 +150,39 @@ TEST(V1NadarayaWatson, WeightsAreNormalisedColumnsAndPoolYTrain) {
   }
 }
 
+TEST(V1NadarayaWatson, NarrowGaussianWhoseWidthSquaredUnderflowsGivesNoNaN) {
+  // The book's x² / (2σ²) is 0/0 at x = 0 once 2σ² underflows in the compute
+  // type (float for float32, float16 and bfloat16): every σ here is positive
+  // and finite, and each validation point lies on a training point, whose
+  // weight is then 1, its neighbours' 0.
+  struct Case {
+    torch::ScalarType dtype;
+    double sigma;
+  };
+  const std::vector<Case> cases = {
+      {torch::kDouble, 1e-200}, {torch::kDouble, 1e-310}, {torch::kFloat, 1e-30},
+      {torch::kFloat, 1e-42},   {torch::kFloat, 1e-60},   {torch::kBFloat16, 1e-30},
+      {torch::kDouble, 1e-150}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c10::toString(c.dtype) << " sigma " << c.sigma);
+    const auto x_train = torch::tensor({0.0, 1.0, 2.0, 3.0}).to(c.dtype);
+    const auto y_train = torch::tensor({5.0, 6.0, 7.0, 8.0}).to(c.dtype);
+    const auto x_val = torch::tensor({1.0, 3.0}).to(c.dtype);
+    const auto kernel = d2l::v1::gaussian_with_width(c.sigma);
+    const auto k = kernel(x_train.reshape({-1, 1}) - x_val.reshape({1, -1}));
+    EXPECT_FALSE(torch::isnan(k).any().item<bool>());
+    const auto [y_hat, w] = d2l::v1::nadaraya_watson(x_train, y_train, x_val, kernel);
+    EXPECT_TRUE(torch::equal(w.to(torch::kDouble),
+                             torch::tensor({{0.0, 0.0}, {1.0, 0.0}, {0.0, 0.0}, {0.0, 1.0}},
+                                           torch::kDouble)));
+    EXPECT_TRUE(torch::equal(y_hat.to(torch::kDouble), torch::tensor({6.0, 8.0}, torch::kDouble)));
+  }
+  // A width whose square does not underflow keeps the book's formula, op for op.
+  const auto x = torch::linspace(-3, 3, 13);
+  EXPECT_TRUE(torch::equal(d2l::v1::gaussian_with_width(0.3)(x),
+                           torch::exp(-x.pow(2) / (2 * (0.3 * 0.3)))));
+}
+
 TEST(V1NadarayaWatson, ConstantKernelGivesTheMean) {
   const auto y_train = torch::randn({11}, torch::kDouble);
   auto [y_hat, w] = d2l::v1::nadaraya_watson(torch::rand({11}, torch::kDouble), y_train,

@@ -257,6 +257,21 @@ TEST(V1ViT, BadImagesNameTheFunctionTheArgumentAndTheShape) {
 
   message = error_of([&] { model->loss(torch::randn({4, 10}), torch::tensor({1, 2})); });
   EXPECT_NE(message.find("d2l::v1::ViT::loss"), std::string::npos) << message;
+  // Labels outside the classes, or of a floating dtype, are named before
+  // cross entropy sees them.
+  message = error_of([&] { model->loss(torch::randn({4, 10}), torch::tensor({1, 2, 10, 3})); });
+  EXPECT_NE(message.find("d2l::v1::ViT::loss: Y holds 10 at flat index 2, outside the 10 classes "
+                         "0..9"),
+            std::string::npos)
+      << message;
+  message = error_of([&] { model->loss(torch::randn({4, 10}), torch::tensor({1, -1, 0, 3})); });
+  EXPECT_NE(message.find("Y holds -1 at flat index 1"), std::string::npos) << message;
+  message = error_of([&] { model->loss(torch::randn({4, 10}), torch::tensor({1., 2., 0., 3.})); });
+  EXPECT_NE(message.find("d2l::v1::ViT::loss: Y must hold class labels of an integer dtype, got "
+                         "Float [4]"),
+            std::string::npos)
+      << message;
+  EXPECT_NO_THROW(model->loss(torch::randn({4, 10}), torch::tensor({9, 0, 0, 3}, torch::kInt)));
 }
 
 }  // namespace v1_vit_tests

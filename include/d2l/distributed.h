@@ -84,8 +84,8 @@ struct LaunchOptions {
  public:
   /// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
   /// TORCHELASTIC_USE_AGENT_STORE (torchrun's names), USE_LIBUV (PyTorch's),
-  /// and D2L_DIST_TIMEOUT_MS; variables that are not set keep the defaults.
-  /// Malformed values throw c10::Error naming the variable.
+  /// and D2L_DIST_TIMEOUT_MS (1 ms to a year); variables that are not set
+  /// keep the defaults. Malformed values throw c10::Error naming the variable.
   static LaunchOptions from_environment();
 
   /// Takes `--world-size N`, `--rank R`, `--master ADDR:PORT`,

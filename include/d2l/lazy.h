@@ -48,6 +48,11 @@ class LazyModule {
   virtual void materialize_uninitialized(int64_t width) = 0;
   /// Undoes materialize_uninitialized after a load that failed its checks.
   virtual void dematerialize() = 0;
+  /// Draws the parameters as the first forward would; a no-op while the
+  /// width is unknown. A non-strict load that leaves some of a layer's
+  /// parameters out of the file draws them so, never leaving them
+  /// uninitialised.
+  virtual void reset_parameters() = 0;
 };
 
 struct LazyLinearOptions {
@@ -71,10 +76,13 @@ class LazyLinearImpl : public torch::nn::Cloneable<LazyLinearImpl>, public LazyM
   void reset() override;
   /// Draws the parameters again (kaiming-uniform as nn.Linear); a no-op
   /// while the width is unknown.
-  void reset_parameters();
+  void reset_parameters() override;
   void pretty_print(std::ostream& stream) const override;
   /// Module::load, checked first (the width is taken from the archive).
   void load(torch::serialize::InputArchive& archive) override;
+  /// Module::save; c10::Error while the width is unknown (the archive could
+  /// not be loaded back).
+  void save(torch::serialize::OutputArchive& archive) const override;
 
   /// input (..., in_features) -> (..., out_features). The first call fixes
   /// in_features to the input's last dimension.
@@ -127,9 +135,11 @@ class LazyConv2dImpl : public torch::nn::Cloneable<LazyConv2dImpl>, public LazyM
   explicit LazyConv2dImpl(const LazyConv2dOptions& options_);
 
   void reset() override;
-  void reset_parameters();
+  void reset_parameters() override;
   void pretty_print(std::ostream& stream) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Module::save; c10::Error while the width is unknown.
+  void save(torch::serialize::OutputArchive& archive) const override;
 
   /// input (B, C, H, W) or (C, H, W) -> (B, out_channels, H', W'). The first
   /// call fixes in_channels to C.

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@ namespace d2l {
 class MultiHeadAttentionCache;
 namespace detail {
 struct MultiHeadAttentionCacheAccess;  // src/multi_head_attention_cache_internal.h
+class WeightSignature;                  // src/weight_signature.h
 }  // namespace detail
 
 struct MultiHeadAttentionOptions {
@@ -266,7 +268,9 @@ TORCH_MODULE(MultiHeadAttention);
 /// (B, m, num_hiddens) with the heads side by side, for forward_cached. It
 /// grows by doubling its buffers (8, 16, 32, ... keys) and so copies none of
 /// the past at most steps. A cache serves the module that filled it, while
-/// the projections' weights are unchanged (else it is refused); used from
+/// the projections' weights are unchanged (else it is refused: an optimizer
+/// step, a load, `to`, and on the CPU an edit through `.data()` too, which
+/// autograd's version counter does not see); used from
 /// several threads at once, it needs a lock of the caller's. Copies share
 /// the buffers, so that appending through one copy may overwrite rows
 /// another copy appended after their common part: branch (as beam search
@@ -290,9 +294,13 @@ class MultiHeadAttentionCache {
   /// (B, capacity, num_hiddens), rows [0, length_) filled.
   torch::Tensor keys_, values_;
   int64_t length_ = 0;
-  /// The projections' parameters that filled the cache, and their versions
-  /// then: a cache used with other or changed weights is refused.
-  std::vector<std::pair<torch::Tensor, int64_t>> sources_;
+  /// The projections' parameters that filled the cache, as they were then
+  /// (Note [Caches keyed on weights]): a cache used with other or changed
+  /// weights is refused.
+  std::shared_ptr<const detail::WeightSignature> sources_;
+  /// Whether the check reads the weights' bytes too (false for the caches a
+  /// decoder keeps for one decoding).
+  bool check_values_ = true;
 };
 
 }  // namespace d2l

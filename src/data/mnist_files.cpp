@@ -4,6 +4,8 @@
 
 #include "data/mnist_files.h"
 
+#include "checks.h"
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <zlib.h>
@@ -191,7 +193,17 @@ IdxFile labels_file(bool train) {
           train ? 60000u : 10000u, false};
 }
 
+// A FIFO in place of a file would block the open until a writer came, and a
+// device would be read without end: refused, naming the file.
+namespace {
+void check_readable(const char* fn, const std::string& path) {
+  const auto why = d2l::detail::unreadable_file_reason(path);
+  TORCH_CHECK(why.empty(), fn, ": cannot read ", path, ": it ", why);
+}
+}  // namespace
+
 void check_idx_file(const char* fn, const std::string& path, const IdxFile& spec) {
+  check_readable(fn, path);
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, fn, ": cannot open ", path);
   std::error_code error;
@@ -217,6 +229,7 @@ void check_idx_file(const char* fn, const std::string& path, const IdxFile& spec
 
 void decompress_idx(const char* fn, const std::string& gz_path, const std::string& out_path,
                     const IdxFile& spec) {
+  check_readable(fn, gz_path);
   std::ifstream in(gz_path, std::ios::binary);
   TORCH_CHECK(in, fn, ": cannot open ", gz_path);
   TempFile out(fn, out_path);

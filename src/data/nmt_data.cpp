@@ -1,5 +1,6 @@
 #include <d2l/nmt_data.h>
 
+#include "checks.h"
 #include "serialize/zip.h"
 
 #include <c10/util/Exception.h>
@@ -134,6 +135,9 @@ int64_t first_invalid_utf8_line(std::string_view s) {
 std::string read_data_nmt(const std::string& path) {
   const auto file = locate(path);
   const auto shown = file.string();
+  if (const auto why = detail::unreadable_file_reason(shown); !why.empty()) {
+    fail(shown, fmt::format("cannot be read: it {}", why));
+  }
   std::ifstream in(file, std::ios::binary);
   if (!in) fail(shown, "cannot be opened");
   std::ostringstream buffer;

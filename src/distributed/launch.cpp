@@ -45,6 +45,7 @@ LaunchOptions LaunchOptions::from_environment() {
   if (!addr.empty()) {
     parse_integer("MASTER_PORT", port);
     options.master(addr + ":" + port);
+    split_master(options.master(), "d2l::distributed::LaunchOptions (MASTER_ADDR, MASTER_PORT)");
   }
   // torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT and says so.
   options.agent_store(get("TORCHELASTIC_USE_AGENT_STORE") == "True");
@@ -55,7 +56,8 @@ LaunchOptions LaunchOptions::from_environment() {
     options.tcp_store(v == "1" ? "libuv" : "classic");
   }
   if (auto v = get("D2L_DIST_TIMEOUT_MS"); !v.empty()) {
-    options.timeout(std::chrono::milliseconds(parse_integer("D2L_DIST_TIMEOUT_MS", v)));
+    options.timeout(detail::checked_timeout(
+        "D2L_DIST_TIMEOUT_MS", static_cast<double>(parse_integer("D2L_DIST_TIMEOUT_MS", v)), v));
   }
   return options;
 }
@@ -105,11 +107,11 @@ LaunchOptions LaunchOptions::parse(std::vector<std::string>& args) {
     } else if (flag == "--dist-timeout") {
       char* end = nullptr;
       const double seconds = std::strtod(value.c_str(), &end);
-      TORCH_CHECK(!value.empty() && end == value.c_str() + value.size() && seconds > 0,
+      TORCH_CHECK(!value.empty() && end == value.c_str() + value.size(),
                   fmt::format("d2l::distributed::LaunchOptions: --dist-timeout must be a "
-                              "positive number of seconds, got \"{}\"",
+                              "number of seconds, got \"{}\"",
                               value));
-      options.timeout(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+      options.timeout(detail::checked_timeout("--dist-timeout", seconds * 1000, value));
     } else if (flag == "--backend") {
       options.backend(one_of("--backend", value, {"auto", "gloo", "nccl"}));
     } else if (flag == "--tcp-store") {

@@ -79,9 +79,9 @@ GroupPtr init_process_group(const LaunchOptions& options, torch::Device device) 
               fmt::format("{}: world_size must be in [1, 2^20], got {}", kInit, world));
   TORCH_CHECK(rank >= 0 && rank < world,
               fmt::format("{}: rank must be in [0, {}), got {}", kInit, world, rank));
-  TORCH_CHECK(options.timeout().count() > 0,
-              fmt::format("{}: timeout must be positive, got {} ms", kInit,
-                          options.timeout().count()));
+  TORCH_CHECK(options.timeout().count() > 0 && options.timeout().count() <= detail::kMaxTimeoutMs,
+              fmt::format("{}: timeout must be from 1 ms to a year ({} ms), got {} ms", kInit,
+                          detail::kMaxTimeoutMs, options.timeout().count()));
   TORCH_CHECK(options.master().empty() != options.file_store().empty(),
               fmt::format("{} (rank {} of {}): give exactly one of master (ADDR:PORT) and "
                           "file_store, got master \"{}\" and file_store \"{}\"",

@@ -17,6 +17,8 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -161,6 +163,15 @@ int64_t parse_integer(const char* what, const std::string& value) {
               fmt::format("d2l::distributed::LaunchOptions: {} must be an integer, got \"{}\"", what,
                           value));
   return parsed;
+}
+
+std::chrono::milliseconds checked_timeout(const char* what, double ms, const std::string& shown) {
+  // At least 0.5 ms: 1 ms once rounded. A NaN fails every comparison.
+  const bool fits = ms >= 0.5 && ms <= static_cast<double>(kMaxTimeoutMs);
+  TORCH_CHECK(fits, fmt::format("d2l::distributed::LaunchOptions: {} must be from 1 ms to a year "
+                                "({} ms), got \"{}\"",
+                                what, kMaxTimeoutMs, shown));
+  return std::chrono::milliseconds(std::llround(ms));
 }
 
 }  // namespace detail

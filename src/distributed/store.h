@@ -20,6 +20,15 @@ std::pair<std::string, uint16_t> split_master(const std::string& master, const c
 /// `value` as an integer; c10::Error naming `what` otherwise.
 int64_t parse_integer(const char* what, const std::string& value);
 
+/// The longest timeout the launcher takes: a year. Longer ones would
+/// overflow the deadlines the stores compute (now + timeout, in
+/// nanoseconds), and "never" is not a timeout.
+constexpr int64_t kMaxTimeoutMs = int64_t{365} * 24 * 3600 * 1000;
+
+/// `ms` milliseconds, rounded to the nearest, as a timeout: c10::Error naming
+/// `what` and its text `shown` unless it is a number from 1 ms to a year.
+std::chrono::milliseconds checked_timeout(const char* what, double ms, const std::string& shown);
+
 /// Throws c10::Error naming `fn` unless `backend` is "auto", "classic", or
 /// "libuv" where this LibTorch can start it.
 void check_tcp_store(const std::string& backend, const char* fn);

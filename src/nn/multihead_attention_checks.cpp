@@ -175,7 +175,12 @@ ReadMask read_mask(const char* fn, const char* name, const torch::Tensor& mask,
       fmt::format("{}: {} must not hold NaN or +inf (a float mask is added to the "
                   "scores), got {} {}",
                   fn, name, c10::toString(mask.scalar_type()), shape_of(mask)));
-  if (torch::logical_or(minus_inf, mask == 0).all().item<bool>()) return {minus_inf, {}};
+  // A float mask that autograd differentiates (a learned bias) is data,
+  // whatever its values now: read as a boolean mask it would get no gradient.
+  const bool learned = mask.requires_grad() && torch::GradMode::is_enabled();
+  if (!learned && torch::logical_or(minus_inf, mask == 0).all().item<bool>()) {
+    return {minus_inf, {}};
+  }
   return {{}, mask.to(dtype)};
 }
 
@@ -190,7 +195,7 @@ Plan plan_call(const char* fn, const torch::Tensor& query, const torch::Tensor& 
   p.kpm = read_mask(fn, "key_padding_mask", o.key_padding_mask(), dtype);
   p.attn = read_mask(fn, "attn_mask", o.attn_mask(), dtype);
   if (p.kpm.additive.defined() || p.attn.additive.defined()) {
-    p.why_additive = "a float mask with values other than 0 and -inf";
+    p.why_additive = "a float mask with values other than 0 and -inf, or one that requires grad";
   } else if (o.bias_k().defined() || o.add_zero_attn()) {
     p.why_additive = "add_bias_kv / add_zero_attn append a key and value row";
   }

@@ -14,6 +14,7 @@
 #include "checked_load.h"
 #include "checks.h"
 #include "seq2seq/sequence_checks.h"
+#include "weight_signature.h"
 
 namespace d2l {
 namespace {
@@ -50,9 +51,11 @@ void check_attention_state(const char* fn, const DecoderState& state, int64_t ba
 }
 
 // The attention's keys, W_k(enc_outputs), projected once by init_state: the
-// keys never change while a sequence is decoded.
+// keys never change while a sequence is decoded, unless W_k does (Note
+// [Caches keyed on weights]: checked at every step but for its bytes).
 struct AttentionKeysCache : DecoderCache {
   torch::Tensor source, projected_keys;
+  detail::WeightSignature weights;
 };
 
 // The state's projected keys: its cache's when made from its enc_outputs,
@@ -64,7 +67,11 @@ torch::Tensor projected_keys(const char* fn, const DecoderState& state,
               fmt::format("{}: state must come from init_state: state.cache holds no projected "
                           "keys of this decoder (a state made by hand, or by another decoder?)",
                           fn));
-  if (cache->source.is_same(state.enc_outputs)) return cache->projected_keys;
+  if (cache->source.is_same(state.enc_outputs) &&
+      cache->weights.match({attention->W_k->weight}, /*values=*/false) ==
+          detail::WeightSignature::Match::kSame) {
+    return cache->projected_keys;
+  }
   return attention->W_k(state.enc_outputs);
 }
 
@@ -205,6 +212,7 @@ DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_ou
   auto cache = std::make_shared<AttentionKeysCache>();
   cache->source = state.enc_outputs;
   cache->projected_keys = attention->W_k(state.enc_outputs);
+  cache->weights = detail::WeightSignature({attention->W_k->weight});
   // The deprecated field, still filled for readers until it goes.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"

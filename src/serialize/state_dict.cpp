@@ -37,7 +37,19 @@ std::string read_all(std::istream& in, const Source& source) {
   return bytes;
 }
 
+std::ofstream open_for_writing(const Source& source) {
+  if (const auto why = detail::unwritable_file_reason(source.path); !why.empty()) {
+    source.fail("cannot write the file: it " + why);
+  }
+  std::ofstream out(source.path, std::ios::binary | std::ios::trunc);
+  if (!out) source.fail("cannot open the file for writing");
+  return out;
+}
+
 std::string read_file(const Source& source) {
+  if (const auto why = detail::unreadable_file_reason(source.path); !why.empty()) {
+    source.fail("cannot read the file: it " + why);
+  }
   std::ifstream in(source.path, std::ios::binary);
   if (!in) source.fail("cannot open the file (missing or unreadable)");
   return read_all(in, source);
@@ -138,7 +150,8 @@ void check_and_copy(torch::nn::Module& module, const StateDict& entries, bool st
 // if the load fails. A weight that fits no width is reported in `mismatched`.
 std::vector<LazyModule*> materialize_lazy(torch::nn::Module& module, const std::string& prefix,
                                           const std::map<std::string, torch::Tensor>& file,
-                                          std::vector<std::string>& mismatched) {
+                                          std::vector<std::string>& mismatched,
+                                          std::map<LazyModule*, std::string>& prefixes) {
   std::vector<LazyModule*> done;
   auto* lazy = dynamic_cast<LazyModule*>(&module);
   if (lazy != nullptr && lazy->has_uninitialized_params()) {
@@ -148,13 +161,14 @@ std::vector<LazyModule*> materialize_lazy(torch::nn::Module& module, const std::
       if (const auto width = lazy->width_for(it->second.sizes(), why)) {
         lazy->materialize_uninitialized(*width);
         done.push_back(lazy);
+        prefixes[lazy] = prefix;
       } else {
         mismatched.push_back(fmt::format("{}weight ({})", prefix, why));
       }
     }
   }
   for (const auto& c : module.named_children()) {
-    auto more = materialize_lazy(*c.value(), prefix + c.key() + ".", file, mismatched);
+    auto more = materialize_lazy(*c.value(), prefix + c.key() + ".", file, mismatched, prefixes);
     done.insert(done.end(), more.begin(), more.end());
   }
   return done;
@@ -162,9 +176,9 @@ std::vector<LazyModule*> materialize_lazy(torch::nn::Module& module, const std::
 
 void apply(torch::nn::Module& module, const StateDict& entries, bool strict, const Source& source) {
   std::vector<std::string> mismatched;
-  const auto lazy = materialize_lazy(
-      module, "", std::map<std::string, torch::Tensor>(entries.begin(), entries.end()),
-      mismatched);
+  const std::map<std::string, torch::Tensor> file(entries.begin(), entries.end());
+  std::map<LazyModule*, std::string> lazy_prefixes;
+  const auto lazy = materialize_lazy(module, "", file, mismatched, lazy_prefixes);
   // The layers materialised here were given their dtype by `to` before the
   // load, as PyTorch's lazy layers are: the file's values are converted.
   std::set<const void*> converted;
@@ -174,6 +188,19 @@ void apply(torch::nn::Module& module, const StateDict& entries, bool strict, con
     }
   }
   try {
+    // A layer given its width here whose other parameters the file leaves
+    // out (a non-strict load) draws them as its first forward would, rather
+    // than keep uninitialised memory; the file's then overwrite theirs.
+    for (auto* m : strict ? std::vector<LazyModule*>() : lazy) {
+      auto& layer = *dynamic_cast<torch::nn::Module*>(m);
+      const auto& prefix = lazy_prefixes.at(m);
+      for (const auto& p : layer.named_parameters(/*recurse=*/false)) {
+        if (file.count(prefix + p.key()) == 0) {
+          m->reset_parameters();
+          break;
+        }
+      }
+    }
     check_and_copy(module, entries, strict, source, mismatched, converted);
   } catch (...) {
     for (auto* m : lazy) m->dematerialize();
@@ -311,8 +338,7 @@ void load_state_dict(torch::nn::Module& module, std::istream& in, bool strict) {
 void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries,
                       const std::string& path) {
   const Source source{"d2l::write_state_dict", path};
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) source.fail("cannot open the file for writing");
+  std::ofstream out = open_for_writing(source);
   write(entries, out, source);
 }
 
@@ -326,8 +352,7 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
   StateDict entries;
   collect(module, "", entries);
   const Source source{"d2l::save_state_dict", path};
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) source.fail("cannot open the file for writing");
+  std::ofstream out = open_for_writing(source);
   write(entries, out, source);
 }
 

@@ -10,6 +10,7 @@
 
 #include "checked_load.h"
 #include "checks.h"
+#include "multi_head_attention_cache_internal.h"
 #include "seq2seq/sequence_checks.h"
 #include "transformer/cache.h"
 #include "transformer/options.h"
@@ -146,6 +147,7 @@ std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward_checked(
     auto& block = cache->blocks[slot];
     if (!block || !block->serves(past)) {
       auto fresh = std::make_shared<detail::BlockCache>();
+      detail::mark_decoder_cache(fresh->self_attention);
       if (block) {  // The encoder's projections do not depend on the branch.
         fresh->cross_source = block->cross_source;
         fresh->cross_attention = block->cross_attention;
@@ -161,6 +163,7 @@ std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward_checked(
     Y = addnorm1(X, attention1->forward_cached(X, X, X, block->self_attention, self_mask));
     if (!block->cross_source.is_same(state.enc_outputs)) {
       block->cross_attention = attention2->project_memory(state.enc_outputs, state.enc_outputs);
+      detail::mark_decoder_cache(block->cross_attention);
       block->cross_source = state.enc_outputs;
     }
     Y2 = attention2->forward_cached(Y, {}, {}, block->cross_attention, source_mask(state));

@@ -11,6 +11,7 @@
 #include "../attention_weights.h"
 #include "../checked_load.h"
 #include "../checks.h"
+#include "../lazy_internal.h"
 #include "../multi_head_attention_internal.h"
 
 namespace d2l::v1 {
@@ -88,6 +89,7 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& keys,
                                              const torch::Tensor& values,
                                              const AttentionMask& mask) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::AdditiveAttention::forward";
   ensure_widths(fn, queries, keys, values);
   auto [output, weights] =
@@ -99,6 +101,7 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
 std::tuple<torch::Tensor, torch::Tensor> AdditiveAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const AttentionMask& mask) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::AdditiveAttention::forward_with_weights";
   ensure_widths(fn, queries, keys, values);
   return functional::additive_attention(queries, keys, values,
@@ -181,6 +184,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& keys,
                                               const torch::Tensor& values,
                                               const AttentionMask& mask) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::MultiHeadAttention";
   ensure_widths(fn, queries, keys, values);
   const bool record = attention->options.record_attention_weights();
@@ -193,6 +197,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
 std::tuple<torch::Tensor, torch::Tensor> MultiHeadAttentionImpl::forward_with_weights(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const AttentionMask& mask) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::MultiHeadAttention";
   ensure_widths(fn, queries, keys, values);
   return d2l::detail::checked_multi_head_attention(fn, nullptr, queries, keys, values,

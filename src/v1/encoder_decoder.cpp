@@ -13,6 +13,7 @@
 
 #include "../checked_load.h"
 #include "../checks.h"
+#include "../lazy_internal.h"
 #include "../seq2seq/sequence_checks.h"
 
 namespace d2l::v1 {
@@ -64,6 +65,7 @@ std::shared_ptr<torch::nn::Module> EncoderDecoderImpl::clone(
 
 torch::Tensor EncoderDecoderImpl::forward(const torch::Tensor& enc_X, const torch::Tensor& dec_X,
                                           const torch::Tensor& enc_valid_lens) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   d2l::detail::check_encoder_decoder_inputs("d2l::v1::EncoderDecoder", *this, enc_X, dec_X,
                                             enc_valid_lens);
   const auto enc_all_outputs = encoder->forward(enc_X, enc_valid_lens);
@@ -107,6 +109,7 @@ torch::Tensor Seq2SeqImpl::loss(const torch::Tensor& Y_hat, const torch::Tensor&
                   d2l::detail::shape_of(Y_hat), Y.defined() ? c10::toString(Y.scalar_type()) : "",
                   d2l::detail::shape_of(Y)));
   d2l::detail::check_same_device(fn, "Y_hat", Y_hat, "Y", Y);
+  d2l::detail::check_class_labels(fn, "Y", Y, Y_hat.size(-1), "Y_hat's vocabulary");
   // Classifier.loss(Y_hat, Y, averaged=False), then the mean over the labels
   // that are not padding.
   const auto labels = Y.reshape({-1}).to(torch::kLong);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "checks.h"
 
@@ -109,7 +110,19 @@ Kernel gaussian_with_width(double sigma) {
                           sigma));
   return [sigma](const torch::Tensor& x) {
     check_kernel_input("d2l::v1::gaussian_with_width", x);
-    return torch::exp(-x.pow(2) / (2 * (sigma * sigma)));
+    // ATen divides by a scalar in the op's compute type (float for float32,
+    // float16 and bfloat16) and may multiply by its reciprocal: the book's
+    // formula is kept, op for op, where 2σ² is a normal number there.
+    const bool in_double = x.scalar_type() == torch::kDouble;
+    const double smallest = in_double ? std::numeric_limits<double>::min()
+                                      : static_cast<double>(std::numeric_limits<float>::min());
+    const double two_sigma_squared = 2 * (sigma * sigma);
+    if (two_sigma_squared >= smallest) return torch::exp(-x.pow(2) / two_sigma_squared);
+    // A σ so small that 2σ² underflows, where the book's x² / (2σ²) is 0/0 at
+    // x = 0 (NaN weights): the same kernel as exp(-(x/σ)² / 2), and where σ
+    // itself underflows, its limit, 1 at x = 0 and 0 elsewhere.
+    if (sigma >= smallest) return torch::exp(-(x / sigma).pow(2) / 2);
+    return (x == 0).to(x.scalar_type());
   };
 }
 

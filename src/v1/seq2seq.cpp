@@ -17,6 +17,7 @@
 #include "../attention_weights.h"
 #include "../checked_load.h"
 #include "../checks.h"
+#include "../lazy_internal.h"
 #include "../seq2seq/sequence_checks.h"
 
 namespace d2l::v1 {
@@ -191,6 +192,7 @@ DecoderState Seq2SeqDecoderImpl::init_state(const EncoderOutput& enc_outputs,
 
 std::tuple<torch::Tensor, DecoderState> Seq2SeqDecoderImpl::forward(const torch::Tensor& X,
                                                                     const DecoderState& state) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   constexpr const char* fn = "d2l::v1::Seq2SeqDecoder";
   const auto tokens = checked_tokens(fn, X, embedding);
   const int64_t batch = X.size(0);
@@ -252,6 +254,7 @@ DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_ou
 
 std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
     const torch::Tensor& X, const DecoderState& state) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   constexpr const char* fn = "d2l::v1::Seq2SeqAttentionDecoder";
   const auto tokens = checked_tokens(fn, X, embedding);
   const int64_t batch = X.size(0);

@@ -13,6 +13,7 @@
 
 #include "../checked_load.h"
 #include "../checks.h"
+#include "../lazy_internal.h"
 #include "../seq2seq/sequence_checks.h"
 #include "../transformer/options.h"
 #include "transformer_internal.h"
@@ -85,6 +86,7 @@ void PositionWiseFFNImpl::load(torch::serialize::InputArchive& archive) {
 }
 
 torch::Tensor PositionWiseFFNImpl::forward(const torch::Tensor& X) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   // Checked in this module's name before dense1 takes its width from X.
   dense1->ensure_width("d2l::v1::PositionWiseFFN", "X", X);
   return dense2(relu(dense1(X)));
@@ -135,6 +137,7 @@ void TransformerEncoderBlockImpl::load(torch::serialize::InputArchive& archive) 
 
 torch::Tensor TransformerEncoderBlockImpl::forward(const torch::Tensor& X,
                                                    const AttentionMask& valid_lens) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   detail::check_hidden_input("d2l::v1::TransformerEncoderBlock", X, num_hiddens);
   const auto Y = addnorm1(X, attention(X, X, X, valid_lens));
   return addnorm2(Y, ffn(Y));
@@ -187,6 +190,7 @@ TransformerEncoderBlock TransformerEncoderImpl::block(int64_t i) const {
 
 EncoderOutput TransformerEncoderImpl::forward(const torch::Tensor& X,
                                               const torch::Tensor& valid_lens) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   constexpr const char* fn = "d2l::v1::TransformerEncoder";
   const auto tokens = d2l::detail::checked_tokens(fn, X, embedding);
   d2l::detail::check_enc_valid_lens(fn, "valid_lens", valid_lens, X.size(0), X, "X");

@@ -12,6 +12,7 @@
 
 #include "../checked_load.h"
 #include "../checks.h"
+#include "../lazy_internal.h"
 #include "../seq2seq/sequence_checks.h"
 #include "../transformer/options.h"
 #include "transformer_internal.h"
@@ -106,6 +107,7 @@ std::tuple<torch::Tensor, DecoderState> TransformerDecoderBlockImpl::forward(
 
 std::tuple<torch::Tensor, DecoderState> TransformerDecoderBlockImpl::forward_checked(
     const torch::Tensor& X, const DecoderState& state, bool check_encoder) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   constexpr const char* fn = "d2l::v1::TransformerDecoderBlock";
   detail::check_hidden_input(fn, X, num_hiddens);
   if (check_encoder) check_encoder_state(fn, state, X.size(0), X);
@@ -192,6 +194,7 @@ DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs
 
 std::tuple<torch::Tensor, DecoderState> TransformerDecoderImpl::forward(const torch::Tensor& X,
                                                                         const DecoderState& state) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   constexpr const char* fn = "d2l::v1::TransformerDecoder";
   const auto tokens = d2l::detail::checked_tokens(fn, X, embedding);
   TORCH_CHECK(static_cast<int64_t>(state.key_values.size()) == num_blks,

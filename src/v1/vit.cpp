@@ -16,6 +16,7 @@
 
 #include "../checked_load.h"
 #include "../checks.h"
+#include "../lazy_internal.h"
 
 namespace d2l::v1 {
 namespace {
@@ -86,6 +87,7 @@ void PatchEmbeddingImpl::load(torch::serialize::InputArchive& archive) {
 }
 
 torch::Tensor PatchEmbeddingImpl::forward(const torch::Tensor& X) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::PatchEmbedding";
   check_images(fn, X);
   const auto& p = *patch_size;
@@ -133,6 +135,7 @@ void ViTMLPImpl::load(torch::serialize::InputArchive& archive) {
 }
 
 torch::Tensor ViTMLPImpl::forward(const torch::Tensor& x) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::ViTMLP";
   TORCH_CHECK(x.defined() && x.dim() >= 1,
               fmt::format("{}: x must have at least one dimension, got {}", fn,
@@ -191,6 +194,7 @@ void ViTBlockImpl::load(torch::serialize::InputArchive& archive) {
 }
 
 torch::Tensor ViTBlockImpl::forward(const torch::Tensor& X, const AttentionMask& valid_lens) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::ViTBlock";
   d2l::detail::check_floating(fn, "X", X, 3);
   const auto n = norm_shape.size();
@@ -272,6 +276,7 @@ void ViTImpl::load(torch::serialize::InputArchive& archive) {
 }
 
 torch::Tensor ViTImpl::forward(const torch::Tensor& X) {
+  d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::ViT";
   check_images(fn, X);
   TORCH_CHECK(X.size(2) == (*img_size)[0] && X.size(3) == (*img_size)[1],
@@ -295,10 +300,13 @@ torch::Tensor ViTImpl::loss(const torch::Tensor& Y_hat, const torch::Tensor& Y,
               fmt::format("{}: Y must hold one label per row of Y_hat's last dimension, got "
                           "Y_hat {} and Y {}",
                           fn, d2l::detail::shape_of(Y_hat), d2l::detail::shape_of(Y)));
+  d2l::detail::check_class_labels(fn, "Y", Y, Y_hat.size(-1), "Y_hat's last dimension");
   namespace F = torch::nn::functional;
   auto options = F::CrossEntropyFuncOptions();
   if (!averaged) options.reduction(torch::kNone);
-  return F::cross_entropy(Y_hat.reshape({-1, Y_hat.size(-1)}), Y.reshape(-1), options);
+  // Any integer dtype of labels, as int64 (cross entropy takes no other).
+  return F::cross_entropy(Y_hat.reshape({-1, Y_hat.size(-1)}), Y.reshape(-1).to(torch::kLong),
+                          options);
 }
 
 torch::Tensor ViTImpl::accuracy(const torch::Tensor& Y_hat, const torch::Tensor& Y,

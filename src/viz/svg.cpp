@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -152,9 +155,20 @@ void write_file(const char* fn, const std::string& path, std::string_view text) 
   const auto message = [&](const std::string& reason) {
     return fmt::format("{}: cannot write '{}': {}", fn, path, reason);
   };
-  // C stdio rather than iostreams: errno then tells why a step failed.
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  TORCH_CHECK(file != nullptr, message(errno_reason()));
+  // Opened without blocking: a FIFO that no process reads would wait for a
+  // reader (ENXIO); then back to blocking writes. C stdio rather than
+  // iostreams: errno then tells why a step failed.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+  TORCH_CHECK(fd >= 0, message(errno == ENXIO ? "it is a FIFO (named pipe) that no process reads"
+                                              : errno_reason()));
+  std::FILE* file = nullptr;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0) file = ::fdopen(fd, "wb");
+  if (file == nullptr) {
+    const std::string reason = errno_reason();
+    ::close(fd);
+    TORCH_CHECK(false, message(reason));
+  }
   const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
   const std::string reason = written ? "" : errno_reason();
   // fclose flushes, so a full disk may show only here.

@@ -36,7 +36,11 @@ torch::Tensor constant(const torch::Tensor& x);
 torch::Tensor epanechikov(const torch::Tensor& x);
 
 /// The book's gaussian_with_width: the kernel exp(-x² / (2σ²)). Throws
-/// c10::Error unless `sigma` is positive and finite.
+/// c10::Error unless `sigma` is positive and finite. Where 2σ² underflows in
+/// x's compute type (float for float32, float16 and bfloat16), the book's
+/// formula is 0/0 at x = 0: the kernel is then computed as exp(-(x/σ)² / 2),
+/// or as its limit (1 at x = 0, 0 elsewhere) where σ itself underflows, so
+/// that a finite x never gives NaN.
 Kernel gaussian_with_width(double sigma);
 
 /// The book's nadaraya_watson(x_train, y_train, x_val, kernel): with
