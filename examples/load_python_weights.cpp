@@ -17,6 +17,8 @@
 #include <map>
 #include <string>
 
+#include "cli.h"
+
 int main(int argc, char** argv) {
   std::filesystem::path dir = "python_weights";
   double tolerance = 1e-5;
@@ -24,7 +26,9 @@ int main(int argc, char** argv) {
                "examples/python_weights.py, runs Python's inputs through "
                "d2l::MultiHeadAttention and compares the outputs.");
   app.add_option("dir", dir, "the folder python_weights.py wrote")->capture_default_str();
-  app.add_option("--tolerance", tolerance, "largest difference accepted")->capture_default_str();
+  app.add_option("--tolerance", tolerance, "largest difference accepted")
+      ->capture_default_str()
+      ->check(examples::kTolerance);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -20,8 +20,9 @@ namespace d2l::testing {
 class FifoWatchdog {
  public:
   /// The side the code under test opens `fifo` from: after five seconds
-  /// unless finished, the watchdog opens the other side (and holds it until
-  /// finish), which lets a blocked open return.
+  /// unless finished, the watchdog opens the other side, which lets a
+  /// blocked open return: as a writer it closes at once (the reader sees the
+  /// end of the file); as a reader it drains what is written until finish.
   enum class Side { kReader, kWriter };
 
   FifoWatchdog(std::string fifo, Side tested)
@@ -30,10 +31,17 @@ class FifoWatchdog {
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
           }
           if (done_) return;
-          fd_ = ::open(fifo.c_str(), (tested == Side::kReader ? O_WRONLY : O_RDONLY) | O_NONBLOCK);
-          fired_ = fd_ >= 0;
-          while (!done_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          if (fd_ >= 0) ::close(fd_);
+          const int fd =
+              ::open(fifo.c_str(), (tested == Side::kReader ? O_WRONLY : O_RDONLY) | O_NONBLOCK);
+          fired_ = fd >= 0;
+          if (fd < 0) return;
+          char buffer[4096];
+          while (tested == Side::kWriter && !done_) {
+            if (::read(fd, buffer, sizeof buffer) <= 0) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          }
+          ::close(fd);
         }) {}
   ~FifoWatchdog() {
     if (thread_.joinable()) finish();
@@ -50,7 +58,6 @@ class FifoWatchdog {
 
  private:
   std::atomic<bool> done_{false}, fired_{false};
-  int fd_ = -1;
   std::thread thread_;
 };
 

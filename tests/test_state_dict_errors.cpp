@@ -304,6 +304,10 @@ TEST(StateDictErrors, FifosAndDirectoriesAreRefusedWithoutBlocking) {
     EXPECT_THAT(error_message([&] { d2l::load_state_dict(*model, fifo); }),
                 StartsWith("d2l::load_state_dict: " + fifo +
                            ": cannot read the file: it is a FIFO (named pipe)"));
+    EXPECT_FALSE(watchdog.finish()) << "the FIFO's reader blocked";
+  }
+  {
+    FifoWatchdog watchdog(fifo, FifoWatchdog::Side::kReader);
     EXPECT_THAT(error_message([&] { d2l::read_state_dict(fifo); }),
                 StartsWith("d2l::read_state_dict: " + fifo + ": cannot read the file: it is a FIFO"));
     EXPECT_FALSE(watchdog.finish()) << "the FIFO's reader blocked";
