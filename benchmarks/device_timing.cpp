@@ -14,7 +14,8 @@
 #include <d2l/attention.h>
 #include <torch/torch.h>
 
-#if __has_include(<c10/cuda/CUDACachingAllocator.h>) && D2L_TORCH_VERSION_AT_LEAST(2, 0)
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>) && D2L_TORCH_VERSION_AT_LEAST(2, 0) && \
+    !defined(D2L_NO_CUDA_ALLOCATOR_STATS)
 #include <c10/cuda/CUDACachingAllocator.h>
 #define D2L_HAVE_CUDA_ALLOCATOR_STATS 1
 #endif
