@@ -11,11 +11,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/conv.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
 #include <torch/utils.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <exception>
@@ -307,8 +307,7 @@ void LazyConv2dImpl::dematerialize() {
 
 namespace detail {
 
-LazyCallGuard::LazyCallGuard(torch::nn::Module& module)
-    : uncaught_(std::uncaught_exceptions()) {
+LazyCallGuard::LazyCallGuard(torch::nn::Module& module) : uncaught_(std::uncaught_exceptions()) {
   module.apply([this](torch::nn::Module& m) {
     auto* lazy = dynamic_cast<LazyModule*>(&m);
     if (lazy != nullptr && lazy->has_uninitialized_params()) waiting_.push_back(lazy);

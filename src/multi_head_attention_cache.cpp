@@ -84,7 +84,8 @@ void append(MultiHeadAttentionCache& cache, const torch::Tensor& k, const torch:
 }
 
 void record_sources(MultiHeadAttentionCache& cache, const MultiHeadAttentionImpl& m) {
-  Access::sources(cache) = std::make_shared<const detail::WeightSignature>(projection_parameters(m));
+  Access::sources(cache) =
+      std::make_shared<const detail::WeightSignature>(projection_parameters(m));
 }
 
 }  // namespace
@@ -108,11 +109,12 @@ void check_cache_source(const char* fn, const MultiHeadAttentionImpl& m,
                         const MultiHeadAttentionCache& cache) {
   if (cache.empty()) return;
   const auto& sources = Access::sources(cache);
-  const auto match = sources ? sources->match(projection_parameters(m), Access::check_values(cache))
+  const auto match = sources ? sources->match(projection_parameters(m), cache.check_weight_bytes())
                              : WeightSignature::Match::kOther;
-  TORCH_CHECK(match != WeightSignature::Match::kOther, fmt::format("{}: cache was filled by another MultiHeadAttention (its keys and "
-                                "values were projected by other W_k and W_v)",
-                                fn));
+  TORCH_CHECK(match != WeightSignature::Match::kOther,
+              fmt::format("{}: cache was filled by another MultiHeadAttention (its keys and "
+                          "values were projected by other W_k and W_v)",
+                          fn));
   TORCH_CHECK(match == WeightSignature::Match::kSame,
               fmt::format("{}: cache was filled before this module's W_k or W_v changed (an "
                           "optimizer step, a load, `to`, an edit through .data()); clear() it "

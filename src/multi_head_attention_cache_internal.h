@@ -58,15 +58,7 @@ struct MultiHeadAttentionCacheAccess {
   static const std::shared_ptr<const WeightSignature>& sources(const MultiHeadAttentionCache& c) {
     return c.sources_;
   }
-  static bool& check_values(MultiHeadAttentionCache& c) { return c.check_values_; }
-  static bool check_values(const MultiHeadAttentionCache& c) { return c.check_values_; }
 };
-
-/// A cache that a decoder keeps for one decoding and advances step by step:
-/// its checks leave out the weights' bytes (Note [Caches keyed on weights]).
-inline void mark_decoder_cache(MultiHeadAttentionCache& cache) {
-  MultiHeadAttentionCacheAccess::check_values(cache) = false;
-}
 
 /// Whether autograd records a call with these inputs on `m`: gradients may
 /// flow into the cache's graph.

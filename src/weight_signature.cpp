@@ -11,8 +11,8 @@ namespace {
 // so that the multiplications' latency overlaps: several bytes a cycle,
 // faster than the weights stream from memory.
 constexpr uint64_t kPrime = 0x9E3779B97F4A7C15ull;  // odd: a bijection mod 2^64
-constexpr uint64_t kSeed[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull,
-                               0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
+constexpr uint64_t kSeed[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
+                               0x082EFA98EC4E6C89ull};
 
 uint64_t mix(uint64_t h) {
   h ^= h >> 33;

@@ -29,7 +29,9 @@
 //
 // The decoders' own caches (TransformerDecoder's per block, the Bahdanau
 // decoder's projected keys), made by init_state or the first step of a
-// decoding and advanced step by step, check everything but the bytes: the
+// decoding and advanced step by step, check everything but the bytes
+// (MultiHeadAttentionCache::set_check_weight_bytes(false), which a user's
+// own decoding loop may call too): the
 // fingerprint of a decoder's W_k and W_v costs 0.5 % of a step at the book's
 // sizes but 4 % at 256 hidden units and 8.5 % at 512 (6 blocks, batch 1, one
 // core of a Zen 3: docs/reliability.md, "Caches keyed on weights"). An edit

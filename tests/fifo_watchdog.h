@@ -62,6 +62,8 @@ class FifoWatchdog {
 };
 
 /// Makes a FIFO at `path` (replacing nothing: the path must not exist).
-inline void make_fifo(const std::string& path) { ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path; }
+inline void make_fifo(const std::string& path) {
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+}
 
 }  // namespace d2l::testing

@@ -263,14 +263,14 @@ TEST(AttentionMasks, LengthsOfEveryDtypeResolveAsInt64Lengths) {
   torch::manual_seed(4);
   const auto q = torch::randn({2, 3, 8}), k = torch::randn({2, 6, 8}), v = torch::randn({2, 6, 5});
   const auto lens = torch::tensor({6, 2});
-  const auto padding = torch::tensor({{true, true, true, true, true, false},
-                                      {true, true, true, true, true, true}});
+  const auto padding =
+      torch::tensor({{true, true, true, true, true, false}, {true, true, true, true, true, true}});
   const auto run = [&](const AttentionMask& mask) {
     return std::get<0>(
         F::dot_product_attention(q, k, v, F::DotProductAttentionFuncOptions().mask(mask)));
   };
-  for (const auto dtype : {torch::kHalf, torch::kBFloat16, torch::kFloat, torch::kDouble,
-                           torch::kInt, torch::kByte}) {
+  for (const auto dtype :
+       {torch::kHalf, torch::kBFloat16, torch::kFloat, torch::kDouble, torch::kInt, torch::kByte}) {
     SCOPED_TRACE(c10::toString(dtype));
     const auto typed = lens.to(dtype);
     EXPECT_TRUE(torch::equal(run(AttentionMask(typed)), run(AttentionMask(lens))));
@@ -280,8 +280,9 @@ TEST(AttentionMasks, LengthsOfEveryDtypeResolveAsInt64Lengths) {
                              run(AttentionMask(lens).key_padding_mask(padding))));
   }
   // Lengths past the keys mean every key, in any dtype.
-  EXPECT_TRUE(torch::equal(run(AttentionMask(torch::tensor({60000, 2}).to(torch::kHalf)).is_causal(true)),
-                           run(AttentionMask(torch::tensor({6, 2})).is_causal(true))));
+  EXPECT_TRUE(
+      torch::equal(run(AttentionMask(torch::tensor({60000, 2}).to(torch::kHalf)).is_causal(true)),
+                   run(AttentionMask(torch::tensor({6, 2})).is_causal(true))));
 }
 
 TEST(AttentionMasks, BadMasksNameTheArgumentAndShapes) {

@@ -376,6 +376,18 @@ TEST(MultiHeadAttentionCache, EditsThroughDataAndToAreRefused) {
   n->W_v->weight.set_data(n->W_v->weight.detach().clone());
   EXPECT_THAT(error_message([&] { n->forward_cached(q, {}, {}, held); }),
               AllOf(StartsWith(fn), HasSubstr("W_k or W_v changed")));
+  // A decoding loop that knows its weights fixed leaves the bytes out (as the
+  // library's decoders do): an edit through .data() is then its own to
+  // announce, and every other change is still refused.
+  auto fast = cache_module(8, 2, false, torch::kFloat);
+  auto step_cache = fast->project_memory(k, v);
+  EXPECT_TRUE(step_cache.check_weight_bytes());
+  step_cache.set_check_weight_bytes(false);
+  fast->W_k->weight.data().view(-1)[0] += 0.5;
+  EXPECT_NO_THROW(fast->forward_cached(q, {}, {}, step_cache));
+  fast->W_k->weight.mul_(2);
+  EXPECT_THAT(error_message([&] { fast->forward_cached(q, {}, {}, step_cache); }),
+              AllOf(StartsWith(fn), HasSubstr("W_k or W_v changed")));
 }
 
 }  // namespace

@@ -308,15 +308,17 @@ TEST(StateDictErrors, FifosAndDirectoriesAreRefusedWithoutBlocking) {
   }
   {
     FifoWatchdog watchdog(fifo, FifoWatchdog::Side::kReader);
-    EXPECT_THAT(error_message([&] { d2l::read_state_dict(fifo); }),
-                StartsWith("d2l::read_state_dict: " + fifo + ": cannot read the file: it is a FIFO"));
+    EXPECT_THAT(
+        error_message([&] { d2l::read_state_dict(fifo); }),
+        StartsWith("d2l::read_state_dict: " + fifo + ": cannot read the file: it is a FIFO"));
     EXPECT_FALSE(watchdog.finish()) << "the FIFO's reader blocked";
   }
   {
     FifoWatchdog watchdog(fifo, FifoWatchdog::Side::kWriter);
-    EXPECT_THAT(error_message([&] { d2l::save_state_dict(*model, fifo); }),
-                StartsWith("d2l::save_state_dict: " + fifo +
-                           ": cannot write the file: it is a FIFO (named pipe) that no process reads"));
+    EXPECT_THAT(
+        error_message([&] { d2l::save_state_dict(*model, fifo); }),
+        StartsWith("d2l::save_state_dict: " + fifo +
+                   ": cannot write the file: it is a FIFO (named pipe) that no process reads"));
     EXPECT_FALSE(watchdog.finish()) << "the FIFO's writer blocked";
   }
   EXPECT_THAT(error_message([&] { d2l::load_state_dict(*model, dir.string()); }),

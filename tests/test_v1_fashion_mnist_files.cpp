@@ -292,7 +292,9 @@ TEST(V1FashionMNISTFiles, FifosDirectoriesAndDevicesAreRefusedWithoutBlocking) {
   EXPECT_THAT(check("/dev/zero", kLabels), HasSubstr("/dev/zero: it is a character device"));
   fs::remove(gz);
   fs::create_directory(gz);
-  EXPECT_THAT(error_message([&] { d2l::v1::FashionMNIST(64, {28, 28}, options); }),
+  EXPECT_THAT(error_message([&] {
+                d2l::v1::FashionMNIST(64, {28, 28}, options);
+              }),
               HasSubstr(gz.string() + ": it is a directory"));
 }
 

@@ -159,10 +159,10 @@ TEST(V1NadarayaWatson, NarrowGaussianWhoseWidthSquaredUnderflowsGivesNoNaN) {
     torch::ScalarType dtype;
     double sigma;
   };
-  const std::vector<Case> cases = {
-      {torch::kDouble, 1e-200}, {torch::kDouble, 1e-310}, {torch::kFloat, 1e-30},
-      {torch::kFloat, 1e-42},   {torch::kFloat, 1e-60},   {torch::kBFloat16, 1e-30},
-      {torch::kDouble, 1e-150}};
+  const std::vector<Case> cases = {{torch::kDouble, 1e-200}, {torch::kDouble, 1e-310},
+                                   {torch::kFloat, 1e-30},   {torch::kFloat, 1e-42},
+                                   {torch::kFloat, 1e-60},   {torch::kBFloat16, 1e-30},
+                                   {torch::kDouble, 1e-150}};
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << c10::toString(c.dtype) << " sigma " << c.sigma);
     const auto x_train = torch::tensor({0.0, 1.0, 2.0, 3.0}).to(c.dtype);
@@ -172,9 +172,9 @@ TEST(V1NadarayaWatson, NarrowGaussianWhoseWidthSquaredUnderflowsGivesNoNaN) {
     const auto k = kernel(x_train.reshape({-1, 1}) - x_val.reshape({1, -1}));
     EXPECT_FALSE(torch::isnan(k).any().item<bool>());
     const auto [y_hat, w] = d2l::v1::nadaraya_watson(x_train, y_train, x_val, kernel);
-    EXPECT_TRUE(torch::equal(w.to(torch::kDouble),
-                             torch::tensor({{0.0, 0.0}, {1.0, 0.0}, {0.0, 0.0}, {0.0, 1.0}},
-                                           torch::kDouble)));
+    EXPECT_TRUE(torch::equal(
+        w.to(torch::kDouble),
+        torch::tensor({{0.0, 0.0}, {1.0, 0.0}, {0.0, 0.0}, {0.0, 1.0}}, torch::kDouble)));
     EXPECT_TRUE(torch::equal(y_hat.to(torch::kDouble), torch::tensor({6.0, 8.0}, torch::kDouble)));
   }
   // A width whose square does not underflow keeps the book's formula, op for op.

@@ -168,7 +168,9 @@ TEST(V1Seq2Seq, TheMaskedLossLeavesPaddingOut) {
   EXPECT_TRUE(torch::allclose(model->loss(Y_hat, Y), (l[0] + l[3] + l[4]) / 3));
   EXPECT_THAT(error_message([&] { model->loss(Y_hat, Y.to(torch::kFloat)); }),
               AllOf(HasSubstr("d2l::v1::Seq2Seq::loss"), HasSubstr("integer labels")));
-  EXPECT_THAT(error_message([&] { model->loss(Y_hat, torch::tensor({{2, 1, 1}, {0, 5, 1}})); }),
+  EXPECT_THAT(error_message([&] {
+                model->loss(Y_hat, torch::tensor({{2, 1, 1}, {0, 5, 1}}));
+              }),
               AllOf(HasSubstr("d2l::v1::Seq2Seq::loss: Y holds 5 at flat index 4"),
                     HasSubstr("Y_hat's vocabulary")));
 }

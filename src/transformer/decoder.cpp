@@ -10,7 +10,6 @@
 
 #include "checked_load.h"
 #include "checks.h"
-#include "multi_head_attention_cache_internal.h"
 #include "seq2seq/sequence_checks.h"
 #include "transformer/cache.h"
 #include "transformer/options.h"
@@ -147,7 +146,7 @@ std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward_checked(
     auto& block = cache->blocks[slot];
     if (!block || !block->serves(past)) {
       auto fresh = std::make_shared<detail::BlockCache>();
-      detail::mark_decoder_cache(fresh->self_attention);
+      fresh->self_attention.set_check_weight_bytes(false);  // Note [Caches keyed on weights]
       if (block) {  // The encoder's projections do not depend on the branch.
         fresh->cross_source = block->cross_source;
         fresh->cross_attention = block->cross_attention;
@@ -163,7 +162,7 @@ std::tuple<torch::Tensor, DecoderState> DecoderBlockImpl::forward_checked(
     Y = addnorm1(X, attention1->forward_cached(X, X, X, block->self_attention, self_mask));
     if (!block->cross_source.is_same(state.enc_outputs)) {
       block->cross_attention = attention2->project_memory(state.enc_outputs, state.enc_outputs);
-      detail::mark_decoder_cache(block->cross_attention);
+      block->cross_attention.set_check_weight_bytes(false);
       block->cross_source = state.enc_outputs;
     }
     Y2 = attention2->forward_cached(Y, {}, {}, block->cross_attention, source_mask(state));
