@@ -44,7 +44,7 @@ uint64_t fingerprint(const torch::Tensor& t) {
   return hash_bytes(static_cast<const unsigned char*>(c.data_ptr()), c.nbytes());
 }
 
-WeightSignature::Entry WeightSignature::entry_of(const torch::Tensor& t) {
+WeightSignature::Entry WeightSignature::entry_of(const torch::Tensor& t, bool bytes) {
   Entry e;
   e.tensor = t;
   e.version = t._version();
@@ -52,17 +52,19 @@ WeightSignature::Entry WeightSignature::entry_of(const torch::Tensor& t) {
   e.dtype = t.scalar_type();
   e.device = t.device();
   e.sizes = t.sizes().vec();
-  e.fingerprint = t.device().is_cpu() ? fingerprint(t) : 0;
+  e.fingerprint = bytes && t.device().is_cpu() ? fingerprint(t) : 0;
   return e;
 }
 
-WeightSignature::WeightSignature(const std::vector<torch::Tensor>& params) {
+WeightSignature::WeightSignature(const std::vector<torch::Tensor>& params, bool bytes)
+    : bytes_(bytes) {
   entries_.reserve(params.size());
-  for (const auto& p : params) entries_.push_back(entry_of(p));
+  for (const auto& p : params) entries_.push_back(entry_of(p, bytes));
 }
 
 WeightSignature::Match WeightSignature::match(const std::vector<torch::Tensor>& params,
                                               bool values) const {
+  TORCH_INTERNAL_ASSERT(bytes_ || !values, "a WeightSignature without bytes asked for them");
   if (params.size() != entries_.size()) return Match::kOther;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!entries_[i].tensor.is_same(params[i])) return Match::kOther;

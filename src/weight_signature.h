@@ -48,8 +48,9 @@ uint64_t fingerprint(const torch::Tensor& t);
 class WeightSignature {
  public:
   WeightSignature() = default;
-  /// The parameters as they are now.
-  explicit WeightSignature(const std::vector<torch::Tensor>& params);
+  /// The parameters as they are now; their bytes' fingerprints too unless
+  /// `bytes` is false (a signature only ever matched with `values` false).
+  explicit WeightSignature(const std::vector<torch::Tensor>& params, bool bytes = true);
 
   enum class Match {
     kSame,     // the same tensors, unchanged
@@ -57,7 +58,7 @@ class WeightSignature {
     kChanged,  // the same tensors, changed since (values, dtype, device, shape)
   };
   /// `params` against the ones recorded; their bytes too where `values`
-  /// (and the parameter is on the CPU).
+  /// (and the parameter is on the CPU; the signature must hold the bytes).
   Match match(const std::vector<torch::Tensor>& params, bool values = true) const;
 
  private:
@@ -70,8 +71,9 @@ class WeightSignature {
     std::vector<int64_t> sizes;
     uint64_t fingerprint = 0;  // 0 off the CPU
   };
-  static Entry entry_of(const torch::Tensor& t);
+  static Entry entry_of(const torch::Tensor& t, bool bytes);
   std::vector<Entry> entries_;
+  bool bytes_ = true;
 };
 
 }  // namespace d2l::detail

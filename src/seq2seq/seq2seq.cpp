@@ -212,7 +212,7 @@ DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_ou
   auto cache = std::make_shared<AttentionKeysCache>();
   cache->source = state.enc_outputs;
   cache->projected_keys = attention->W_k(state.enc_outputs);
-  cache->weights = detail::WeightSignature({attention->W_k->weight});
+  cache->weights = detail::WeightSignature({attention->W_k->weight}, /*bytes=*/false);
   // The deprecated field, still filled for readers until it goes.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
