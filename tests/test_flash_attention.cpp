@@ -89,6 +89,42 @@ TEST_P(Flash, WideScoresMatchComposite) {
   }
 }
 
+// The kernel's float exponential across its range, through the weights it
+// makes: one feature, a query of 1 and keys 0, -80/m, ..., so that the
+// scores are the keys (scale 1 at d = 1) and each row's maximum is 0. Each
+// weight over the row's first (e^0 / sum) is e^s, free of the sum's
+// rounding: it must be within the exponential's own error (AVX2's base-2
+// polynomial 2.1e-7, AVX-512's 2.2e-7: Note [Base-2 exponentials in the
+// flash kernel]) plus the rounding of the exponent, |s| 2^-23 (a score
+// multiplied by scale · log2 e, then less the maximum), and three roundings
+// of the division and the weights. In blocks of queries (8) and row by row
+// (1), in key blocks of both passes of the weights; weights below 2^-100
+// are left out (their exponent is near the bottom of float's).
+TEST_P(Flash, ExponentialWithinItsErrorAcrossItsRange) {
+  const int64_t m = 3000;
+  const auto keys = (-torch::arange(m, torch::kDouble) * (80.0 / m)).to(torch::kFloat);
+  const auto s = keys.to(torch::kDouble);  // the scores, exactly
+  const auto values = torch::randn({1, m, 4});
+  for (const int64_t n : {1, 8}) {
+    const auto q = torch::ones({1, n, 1});
+    const auto [out, weights] = d2l::functional::dot_product_attention(
+        q, keys.view({1, m, 1}), values,
+        d2l::functional::DotProductAttentionFuncOptions().need_weights(true).backend(
+            AttentionBackend::kFused));
+    for (int64_t i = 0; i < n; ++i) {
+      const auto w = weights[0][i].to(torch::kDouble);
+      const auto ratio = w / w[0];
+      const auto exact = s.exp();
+      const auto bound = 2.2e-7 + s.abs() * 0x1p-23 + 3 * 0x1p-24;
+      const auto kept = exact > 0x1p-100;
+      const auto excess = ((ratio / exact - 1).abs() - bound).masked_select(kept);
+      EXPECT_LE(excess.max().item<double>(), 0.0)
+          << n << " queries, row " << i << ": worst relative error "
+          << (ratio / exact - 1).abs().masked_select(kept).max().item<double>();
+    }
+  }
+}
+
 // Blocks of a few queries run row by row in the forward (one query: a
 // decoding step), beside whole blocks where n is a block and a few rows:
 // features past a vector and past four (weighted_sum's register group), in

@@ -19,6 +19,27 @@ struct FlashOutputs {
   torch::Tensor out, lse, weights;
 };
 
+// bfloat16 queries, keys and values whose batch entries have so few queries
+// that the float kernel runs them row by row (decoding): its rows read K and
+// V in place (forward_bf16_rows), out in bfloat16 and lse in float; nothing
+// (out undefined) where the call needs the kernel's blocks of queries, or
+// asks for weights, which the caller then widens to float.
+FlashOutputs flash_forward_bf16_rows(const torch::Tensor& queries, const torch::Tensor& keys,
+                                     const torch::Tensor& values, const torch::Tensor& lens,
+                                     double scale, bool need_weights) {
+  if (need_weights || queries.scalar_type() != torch::kBFloat16 ||
+      keys.scalar_type() != torch::kBFloat16 || values.scalar_type() != torch::kBFloat16) {
+    return {};
+  }
+  const auto q = queries.contiguous(), k = keys.contiguous(), v = values.contiguous();
+  auto out = empty_output({q.size(0), q.size(1), v.size(2)}, q.options());
+  auto lse = torch::empty({q.size(0), q.size(1)}, q.options().dtype(torch::kFloat));
+  if (!cpu::dot_product_attention_kernels().forward_bf16_rows(q, k, v, lens, scale, out, lse)) {
+    return {};
+  }
+  return {std::move(out), std::move(lse), torch::Tensor()};
+}
+
 // The kernel's forward on q, k, v already in their compute type.
 FlashOutputs flash_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& lens, double scale, bool need_weights) {
@@ -70,10 +91,12 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& queries,
                              const torch::Tensor& keys, const torch::Tensor& values,
                              const torch::Tensor& lens, double scale, bool need_weights) {
-    const auto q = compute_type(queries);
-    const auto k = compute_type(keys);
-    const auto v = compute_type(values);
-    auto [out, lse, weights] = flash_forward(q, k, v, lens, scale, need_weights);
+    FlashOutputs result = flash_forward_bf16_rows(queries, keys, values, lens, scale, need_weights);
+    if (!result.out.defined()) {
+      result = flash_forward(compute_type(queries), compute_type(keys), compute_type(values), lens,
+                             scale, need_weights);
+    }
+    const auto &out = result.out, &lse = result.lse, &weights = result.weights;
     // The weights in compute type (undefined without them), for a gradient
     // that reaches them. Saved as a variable: an output kept in saved_data
     // would hold its own graph alive.
@@ -115,7 +138,10 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
       return {as_dtype(g[0], queries.scalar_type()), as_dtype(g[1], keys.scalar_type()),
               as_dtype(g[2], values.scalar_type()), none, none, none};
     }
-    const auto &out = saved[4], &lse = saved[5];
+    // The output in compute type: bfloat16 where the forward ran the
+    // bfloat16 rows (as SDPA's backward takes its bfloat16 output).
+    const auto out = compute_type(saved[4]);
+    const auto& lse = saved[5];
     auto dq = empty_output_like(q), dk = empty_output_like(k), dv = empty_output_like(v);
     cpu::dot_product_attention_kernels().backward(q, k, v, lens, scale, out, dout_c, lse, dq, dk,
                                                   dv);
@@ -198,6 +224,8 @@ std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& qu
     auto outputs = FlashAttentionFunction::apply(queries, keys, values, lens, scale, need_weights);
     return {outputs[0], need_weights ? outputs[1] : torch::Tensor()};
   }
+  auto rows = flash_forward_bf16_rows(queries, keys, values, lens, scale, need_weights);
+  if (rows.out.defined()) return {rows.out, torch::Tensor()};
   const auto q = compute_type(queries);
   auto result =
       flash_forward(q, compute_type(keys), compute_type(values), lens, scale, need_weights);

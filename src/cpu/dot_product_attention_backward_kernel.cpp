@@ -75,7 +75,7 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
     T* p = w.p.data() + r * w.kb;
     T* ds = w.dp.data() + r * w.kb;
     const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
-    exp_row(p, valid, kc, a.scale, a.lse[row0 + r]);
+    exp_row(p, valid, kc, a.lse[row0 + r] * FlashExp<T>::kLogBase);
     // dS = scale · P ∘ (dP - D) on the valid keys, D = rowsum(dO ∘ O), and
     // exactly 0 past them, where dP may hold anything that padding values
     // produce.
@@ -123,6 +123,10 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
                     int64_t kc) {
   const Dims& s = a.s;
   pack_transposed(a.k + (b * s.m + j0) * s.d, kc, s.d, w.kp.get());
+  // Kᵀ as the scores' product reads it: multiplied by scale · kLogBase (Note
+  // [Base-2 exponentials in the flash kernel]); dQ reads K itself.
+  scale_row(w.kp.get(), div_up(kc, kTileCols<T>) * kTileCols<T> * s.d,
+            a.scale * FlashExp<T>::kLogBase);
   pack_transposed(a.v + (b * s.m + j0) * s.dv, kc, s.dv, w.vtp.get());
   w.dk_rows = w.dk.empty() ? a.dk + (b * s.m + j0) * s.d : w.dk.data();
   w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();

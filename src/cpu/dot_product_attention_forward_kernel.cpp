@@ -39,6 +39,11 @@ struct ForwardScratch {
   alignas(64) T row_max[W], row_sum[W];
   std::vector<int64_t> len;
   std::vector<T> block_max;  // with weights: each key block's maximum, per query
+  // A bfloat16 call's: the thread's batch entry `entry`, its keys and values
+  // up to its longest length widened to float (once for all its blocks of
+  // queries that the thread runs), and a block's queries and output rows.
+  int64_t entry = -1;
+  std::vector<T> keys, values, rows;
 
   ForwardScratch(const Dims& s, int64_t kb, int64_t key_blocks)
       : qt(uninitialized_buffer<T>(s.d * W)),
@@ -48,20 +53,52 @@ struct ForwardScratch {
         block_max(W * key_blocks) {}
 };
 
-// Sᵀ = K Qᵀ for keys [j0, j0 + kc), their exponentials Pᵀ relative to the
-// running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled
+// n values of x as T, into `out`.
+template <typename T, typename In>
+void widen(const In* x, int64_t n, T* out) {
+  using V = Vectorized<T>;
+  int64_t c = 0;
+  for (; c + V::size() <= n; c += V::size()) load_widened(x + c).store(out + c);
+  for (; c < n; ++c) out[c] = static_cast<T>(x[c]);
+}
+
+// Batch entry b's keys and values as the products read them: in place, or
+// for bfloat16 the thread's float copies of its first `longest` rows.
+template <typename T, typename In>
+std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In>& a, ForwardScratch<T>& w,
+                                                int64_t b, int64_t longest) {
+  const Dims& s = a.s;
+  if constexpr (std::is_same_v<In, T>) {
+    return {a.k + b * s.m * s.d, a.v + b * s.m * s.dv};
+  } else {
+    if (w.entry != b) {
+      const int64_t rows = longest_length(a.lens, s, b, 0, s.n);
+      w.keys.resize(rows * s.d);
+      w.values.resize(rows * s.dv);
+      widen(a.k + b * s.m * s.d, rows * s.d, w.keys.data());
+      widen(a.v + b * s.m * s.dv, rows * s.dv, w.values.data());
+      w.entry = b;
+    }
+    (void)longest;
+    return {w.keys.data(), w.values.data()};
+  }
+}
+
+// Sᵀ = K Qᵀ for keys [j0, j0 + kc) (Qᵀ already multiplied by scale ·
+// kLogBase, Note [Base-2 exponentials in the flash kernel]), their
+// exponentials Pᵀ relative to the running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled
 // where a maximum grew. Entries of keys past a query's length are -inf before
 // the maximum and exactly 0 after the exponential, whatever the padding held.
-template <typename T>
-void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t j0,
-                      int64_t kc, bool all_valid) {
+template <typename T, typename In>
+void attend_key_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, const T* k, const T* v,
+                      int64_t j0, int64_t kc, bool all_valid) {
   using V = Vectorized<T>;
   constexpr int64_t S = V::size(), W = ForwardScratch<T>::W;
   static_assert(W == 2 * S, "a block of queries is two vectors");
   const Dims& s = a.s;
   T* st = w.st.get();
-  gemm<T>(kc, 1, s.d, a.k + (b * s.m + j0) * s.d, s.d, w.qt.get(), W, 0, st, W, false);
-  const V minus_inf(-std::numeric_limits<T>::infinity()), vscale(a.scale);
+  gemm<T>(kc, 1, s.d, k + j0 * s.d, s.d, w.qt.get(), W, 0, st, W, false);
+  const V minus_inf(-std::numeric_limits<T>::infinity());
   V max0 = minus_inf, max1 = minus_inf;
   if (all_valid) {
     // Two maxima a half, so that each maximum waits on the one two rows up.
@@ -93,20 +130,20 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
     }
   }
   const V old0 = V::loadu(w.row_max), old1 = V::loadu(w.row_max + S);
-  const V new0 = at::vec::maximum(old0, max0 * vscale);
-  const V new1 = at::vec::maximum(old1, max1 * vscale);
+  const V new0 = at::vec::maximum(old0, max0);
+  const V new1 = at::vec::maximum(old1, max1);
   // A query with no valid key so far keeps -inf and shifts by 0 (its
   // entries are -inf, so their exponentials are 0); an unchanged maximum
   // (-inf included) corrects by exactly 1.
   const V zero(T(0)), one(T(1));
   const V shift0 = V::blendv(new0, zero, new0 == minus_inf);
   const V shift1 = V::blendv(new1, zero, new1 == minus_inf);
-  const V corr0 = V::blendv(softmax_exp(old0 - shift0), one, old0 == new0);
-  const V corr1 = V::blendv(softmax_exp(old1 - shift1), one, old1 == new1);
+  const V corr0 = V::blendv(FlashExp<T>::exp(old0 - shift0), one, old0 == new0);
+  const V corr1 = V::blendv(FlashExp<T>::exp(old1 - shift1), one, old1 == new1);
   V sum0 = zero, sum1 = zero;
   for (int64_t j = 0; j < kc; ++j) {
-    const V p0 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W), vscale, zero - shift0));
-    const V p1 = softmax_exp(at::vec::fmadd(V::loadu(st + j * W + S), vscale, zero - shift1));
+    const V p0 = FlashExp<T>::exp(V::loadu(st + j * W) - shift0);
+    const V p1 = FlashExp<T>::exp(V::loadu(st + j * W + S) - shift1);
     p0.store(st + j * W);
     p1.store(st + j * W + S);
     sum0 = sum0 + p0;
@@ -126,7 +163,7 @@ void attend_key_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, 
       (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
     }
   }
-  gemm<T, true>(s.dv, 1, kc, a.v + (b * s.m + j0) * s.dv, s.dv, st, W, 0, ot, W, !first);
+  gemm<T, true>(s.dv, 1, kc, v + j0 * s.dv, s.dv, st, W, 0, ot, W, !first);
 }
 
 // With weights, a key block's exponentials go out as they are made, relative
@@ -155,7 +192,7 @@ void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t
     const int64_t len = w.len[c];
     for (int64_t j0 = 0; j0 < len; j0 += a.kb) {
       const T factor =
-          std::exp(w.block_max[c * key_blocks + j0 / a.kb] - w.row_max[c]) / w.row_sum[c];
+          FlashExp<T>::exp(w.block_max[c * key_blocks + j0 / a.kb] - w.row_max[c]) / w.row_sum[c];
       scale_row(weights + j0, std::min(a.kb, len - j0), factor);
     }
     std::fill(weights + len, weights + s.m, T(0));
@@ -163,8 +200,8 @@ void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t
 }
 
 // Query rows [i0, i0 + rows) of batch entry b, rows <= W.
-template <typename T>
-void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
+template <typename T, typename In>
+void forward_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
                    int64_t rows) {
   constexpr int64_t W = ForwardScratch<T>::W;
   const Dims& s = a.s;
@@ -174,7 +211,15 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     longest = std::max(longest, w.len[c]);
     if (c < rows) shortest = std::min(shortest, w.len[c]);
   }
-  pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
+  if constexpr (std::is_same_v<In, T>) {
+    pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
+  } else {
+    w.rows.resize(W * std::max(s.d, s.dv));
+    widen(a.q + (b * s.n + i0) * s.d, rows * s.d, w.rows.data());
+    pack_transposed(w.rows.data(), rows, s.d, w.qt.get());
+  }
+  scale_row(w.qt.get(), s.d * W, a.scale * FlashExp<T>::kLogBase);
+  const auto [k, v] = entry_keys_values(a, w, b, longest);
   // The first key block writes Oᵀ (attend_key_block); with no valid key at
   // all there is none.
   if (longest == 0) std::fill_n(w.ot.get(), s.dv * W, T(0));
@@ -189,7 +234,7 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     for (int64_t c = 0; c < W; ++c) {
       w.limit[c] = static_cast<T>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
     }
-    attend_key_block(a, w, b, j0, kc, all_valid);
+    attend_key_block(a, w, k, v, j0, kc, all_valid);
     if (a.weights != nullptr) {
       write_weights(a, w, b, i0, rows, j0, kc);
       for (int64_t c = 0; c < rows; ++c) {
@@ -209,10 +254,18 @@ void forward_block(const ForwardArgs<T>& a, ForwardScratch<T>& w, int64_t b, int
     (V::loadu(ot + f * W) * inv0).store(ot + f * W);
     (V::loadu(ot + f * W + S) * inv1).store(ot + f * W + S);
   }
-  transpose_into(ot, W, s.dv, s.dv, rows, a.out + (b * s.n + i0) * s.dv, s.dv);
+  if constexpr (std::is_same_v<In, T>) {
+    transpose_into(ot, W, s.dv, s.dv, rows, a.out + (b * s.n + i0) * s.dv, s.dv);
+  } else {
+    transpose_into(ot, W, s.dv, s.dv, rows, w.rows.data(), s.dv);
+    In* out = a.out + (b * s.n + i0) * s.dv;
+    for (int64_t e = 0; e < rows * s.dv; ++e) out[e] = static_cast<In>(w.rows[e]);
+  }
   alignas(64) T lse[W];
-  (V::loadu(w.row_max) + V::loadu(w.row_sum).log()).store(lse);
-  (V::loadu(w.row_max + S) + V::loadu(w.row_sum + S).log()).store(lse + S);
+  const V to_natural(FlashExp<T>::kInvLogBase);
+  at::vec::fmadd(V::loadu(w.row_max), to_natural, V::loadu(w.row_sum).log()).store(lse);
+  at::vec::fmadd(V::loadu(w.row_max + S), to_natural, V::loadu(w.row_sum + S).log())
+      .store(lse + S);
   for (int64_t c = 0; c < rows; ++c) {
     a.lse[b * s.n + i0 + c] = w.len[c] == 0 ? -std::numeric_limits<T>::infinity() : lse[c];
   }
@@ -269,7 +322,58 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   });
 }
 
+// The bfloat16 call's rows, where every block of the call runs row by row
+// (by_rows: a few queries a batch entry, as in decoding): K and V read in
+// place and widened in registers, each row's query widened and its output
+// rounded once. Returns false, having done nothing, where the call has
+// blocks of queries.
+bool forward_bf16_rows(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                       const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                       const at::TensorBase& lse) {
+  using T = float;
+  const Dims s = dims_of(q, v);
+  if (!by_rows<T>(s.n)) return false;
+  const RowLengths row_lens = row_lengths(lens, s.n);
+  std::vector<int64_t> costs(s.B);
+  int64_t longest_any = 0;
+  for (int64_t b = 0; b < s.B; ++b) {
+    const int64_t longest = longest_length(row_lens, s, b, 0, s.n);
+    longest_any = std::max(longest_any, longest);
+    costs[b] = (s.n * longest + s.n) * macs_to_grain(s);
+  }
+  using Bf16 = c10::BFloat16;
+  const ForwardArgs<T, Bf16> args{s,
+                                  q.data_ptr<Bf16>(),
+                                  k.data_ptr<Bf16>(),
+                                  v.data_ptr<Bf16>(),
+                                  row_lens,
+                                  T(scale),
+                                  out.data_ptr<Bf16>(),
+                                  lse.data_ptr<T>(),
+                                  nullptr,
+                                  key_block_size<T>(longest_any, 2)};
+  const int64_t splits = key_splits<T>(s, s.B, longest_any, false);
+  if (splits > 1) {
+    forward_split(args, splits);
+    return true;
+  }
+  parallel_runs(costs, [&](int64_t b0, int64_t b1) {
+    RowScratch<T> scratch(s, false);
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t i = 0; i < s.n; ++i) forward_row(args, scratch, b, i);
+    }
+  });
+  return true;
+}
+
 }  // namespace
+
+bool dot_product_attention_forward_bf16_rows(const at::TensorBase& q, const at::TensorBase& k,
+                                             const at::TensorBase& v, const at::TensorBase& lens,
+                                             double scale, const at::TensorBase& out,
+                                             const at::TensorBase& lse) {
+  return forward_bf16_rows(q, k, v, lens, scale, out, lse);
+}
 
 void dot_product_attention_forward(const at::TensorBase& q, const at::TensorBase& k,
                                    const at::TensorBase& v, const at::TensorBase& lens,

@@ -66,7 +66,8 @@ namespace CPU_CAPABILITY {
 
 const DotProductAttentionKernels& dot_product_attention_kernels() {
   static const DotProductAttentionKernels table{&dot_product_attention_forward,
-                                                &dot_product_attention_backward};
+                                                &dot_product_attention_backward,
+                                                &dot_product_attention_forward_bf16_rows};
   return table;
 }
 

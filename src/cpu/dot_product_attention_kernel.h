@@ -33,6 +33,15 @@ struct DotProductAttentionKernels {
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
                    const at::TensorBase& dk, const at::TensorBase& dv);
+  /// forward on bfloat16 q, k, v and out (lse float; no weights) where the
+  /// call's batch entries have so few queries that they run row by row
+  /// (decoding: one query a step): K and V are read in place, widened to
+  /// float in registers, instead of converted whole before the call. Returns
+  /// false, having written nothing, for calls with more queries a batch
+  /// entry, which the caller widens to float for `forward`.
+  bool (*forward_bf16_rows)(const at::TensorBase& q, const at::TensorBase& k,
+                            const at::TensorBase& v, const at::TensorBase& lens, double scale,
+                            const at::TensorBase& out, const at::TensorBase& lse);
 };
 
 D2L_DECLARE_CPU_KERNELS(DotProductAttentionKernels, dot_product_attention_kernels)

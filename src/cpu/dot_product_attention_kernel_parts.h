@@ -17,6 +17,11 @@ void dot_product_attention_forward(const at::TensorBase& q, const at::TensorBase
                                    double scale, const at::TensorBase& out,
                                    const at::TensorBase& lse, const at::TensorBase& weights);
 
+bool dot_product_attention_forward_bf16_rows(const at::TensorBase& q, const at::TensorBase& k,
+                                             const at::TensorBase& v, const at::TensorBase& lens,
+                                             double scale, const at::TensorBase& out,
+                                             const at::TensorBase& lse);
+
 void dot_product_attention_backward(const at::TensorBase& q, const at::TensorBase& k,
                                     const at::TensorBase& v, const at::TensorBase& lens,
                                     double scale, const at::TensorBase& out,

@@ -95,21 +95,23 @@ struct Padded {
   }
 };
 
-// s[0:valid] = exp(scale·s - shift) and s[valid:kc] = 0; returns the sum.
-// Rows are whole tiles long (at least kc), so every load is a whole one.
+// s[0:valid] = exp(s - shift) in the flash kernel's base (FlashExp: scores
+// and shift already multiplied by scale · kLogBase) and s[valid:kc] = 0;
+// returns the sum. Rows are whole tiles long (at least kc), so every load is
+// a whole one.
 template <typename T>
-T exp_row(T* s, int64_t valid, int64_t kc, T scale, T shift) {
+T exp_row(T* s, int64_t valid, int64_t kc, T shift) {
   using V = Vectorized<T>;
-  const V vscale(scale), vshift(-shift);
+  const V vshift(shift);
   V vsum(T(0));
   int64_t j = 0;
   for (; j + V::size() <= valid; j += V::size()) {
-    const V p = softmax_exp(at::vec::fmadd(V::loadu(s + j), vscale, vshift));
+    const V p = FlashExp<T>::exp(V::loadu(s + j) - vshift);
     p.store(s + j);
     vsum = vsum + p;
   }
   if (j < valid) {
-    const V e = softmax_exp(at::vec::fmadd(V::loadu(s + j), vscale, vshift));
+    const V e = FlashExp<T>::exp(V::loadu(s + j) - vshift);
     const V p = set_first(V(T(0)), e, valid - j);
     p.store(s + j);
     vsum = vsum + p;
@@ -138,13 +140,16 @@ int64_t longest_length(const RowLengths& lens, const Dims& s, int64_t b, int64_t
 
 // --------------------------------------------- the arguments of each pass
 
-template <typename T>
+// In: the operands' and output's type, T itself or, for the rows of a
+// bfloat16 call (flash_rows-inl.h), bfloat16 read and written in place.
+template <typename T, typename In = T>
 struct ForwardArgs {
   Dims s;
-  const T *q, *k, *v;
+  const In *q, *k, *v;
   RowLengths lens;
   T scale;
-  T *out, *lse;
+  In* out;
+  T* lse;
   T* weights;  // (B, n, m), or null when no weights are asked
   int64_t kb;  // the key block (key_block_size)
 };
@@ -188,16 +193,16 @@ std::unique_lock<std::mutex> dq_lock(const BackwardArgs<T>& a, int64_t slot) {
 
 // ---------------------------------------------- row-by-row vector helpers
 
-// x · y over n elements.
-template <typename T>
-T dot(const T* x, const T* y, int64_t n) {
+// x · y over n elements, y of type T or bfloat16 (load_widened).
+template <typename T, typename In>
+T dot(const T* x, const In* y, int64_t n) {
   using V = Vectorized<T>;
   V acc(T(0));
   int64_t c = 0;
   for (; c + V::size() <= n; c += V::size()) {
-    acc = at::vec::fmadd(V::loadu(x + c), V::loadu(y + c), acc);
+    acc = at::vec::fmadd(V::loadu(x + c), load_widened(y + c), acc);
   }
-  if (c < n) acc = at::vec::fmadd(partial_load(x + c, n - c), partial_load(y + c, n - c), acc);
+  if (c < n) acc = at::vec::fmadd(partial_load(x + c, n - c), load_widened(y + c, n - c), acc);
   return horizontal_sum(acc);
 }
 

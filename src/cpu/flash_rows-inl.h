@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/flash_blocks-inl.h"
@@ -49,6 +50,8 @@ struct RowScratch {
   // tile: the exponentials' last vector stores whole.
   std::unique_ptr<T[]> scores;
   int64_t room;
+  // A bfloat16 row's query widened and its output before rounding.
+  std::unique_ptr<T[]> query, out;
 
   RowScratch(const Dims& s, bool whole_rows)
       : room(round_up_to_tile<T>(whole_rows ? s.m : std::min(s.m, kRowChunk))) {
@@ -56,13 +59,45 @@ struct RowScratch {
   }
 };
 
+// A row of n operands as T: x itself, or a bfloat16 row widened into the
+// scratch's buffer.
+template <typename T, typename In>
+const T* widened_row(const In* x, int64_t n, std::unique_ptr<T[]>& buffer) {
+  if constexpr (std::is_same_v<In, T>) {
+    return x;
+  } else {
+    if (!buffer) buffer = uninitialized_buffer<T>(n);
+    for (int64_t c = 0; c < n; ++c) buffer[c] = static_cast<T>(x[c]);
+    return buffer.get();
+  }
+}
+
+// Where a row's output of n values is made: the output itself, or for a
+// bfloat16 output the scratch's buffer, rounded into it by store_row.
+template <typename T, typename In>
+T* output_row(In* x, int64_t n, std::unique_ptr<T[]>& buffer) {
+  if constexpr (std::is_same_v<In, T>) {
+    return x;
+  } else {
+    if (!buffer) buffer = uninitialized_buffer<T>(n);
+    return buffer.get();
+  }
+}
+
+template <typename T, typename In>
+void store_row(const T* row, In* x, int64_t n) {
+  if constexpr (!std::is_same_v<In, T>) {
+    for (int64_t c = 0; c < n; ++c) x[c] = static_cast<In>(row[c]);
+  }
+}
+
 // out[0:cols] = factor · Σ_{j < L} p[j] V[j, 0:cols] for cols <= G vectors,
 // accumulated in G registers over one pass down V's rows (row stride ldv);
 // the last vector partial where the columns end.
 // With `keep` (a chunk of a row after the first), out = keep · out +
 // factor · Σ instead.
-template <typename T, int G>
-void weighted_sum_group(const T* p, const T* v, int64_t ldv, int64_t L, int64_t cols, T* out,
+template <typename T, int G, typename In>
+void weighted_sum_group(const T* p, const In* v, int64_t ldv, int64_t L, int64_t cols, T* out,
                         T factor, const T* keep) {
   using V = Vectorized<T>;
   constexpr int64_t S = V::size();
@@ -71,9 +106,13 @@ void weighted_sum_group(const T* p, const T* v, int64_t ldv, int64_t L, int64_t 
   const int64_t whole = cols / S, tail = cols % S;
   for (int64_t j = 0; j < L; ++j) {
     const V pj(p[j]);
-    const T* row = v + j * ldv;
-    for (int64_t g = 0; g < whole; ++g) acc[g] = at::vec::fmadd(pj, V::loadu(row + g * S), acc[g]);
-    if (tail > 0) acc[whole] = at::vec::fmadd(pj, partial_load(row + whole * S, tail), acc[whole]);
+    const In* row = v + j * ldv;
+    for (int64_t g = 0; g < whole; ++g) {
+      acc[g] = at::vec::fmadd(pj, load_widened(row + g * S), acc[g]);
+    }
+    if (tail > 0) {
+      acc[whole] = at::vec::fmadd(pj, load_widened(row + whole * S, tail), acc[whole]);
+    }
   }
   const V vfactor(factor);
   if (keep != nullptr) {
@@ -93,8 +132,8 @@ void weighted_sum_group(const T* p, const T* v, int64_t ldv, int64_t L, int64_t 
 
 // out[0:dv] = factor · Σ_{j < L} p[j] V[j, :], one pass down V per 4 vectors
 // of columns.
-template <typename T>
-void weighted_sum(const T* p, const T* v, int64_t dv, int64_t L, T* out, T factor,
+template <typename T, typename In>
+void weighted_sum(const T* p, const In* v, int64_t dv, int64_t L, T* out, T factor,
                   const T* keep = nullptr) {
   constexpr int64_t G = 4, S = Vectorized<T>::size();
   for (int64_t f0 = 0; f0 < dv; f0 += G * S) {
@@ -120,58 +159,63 @@ struct RowPartial {
   T mx, sum;
 };
 
-template <typename T>
-RowPartial<T> row_partial(const ForwardArgs<T>& a, RowScratch<T>& w, const T* q, const T* k,
-                          const T* v, int64_t j0, int64_t j1, T* out) {
+template <typename T, typename In>
+RowPartial<T> row_partial(const ForwardArgs<T, In>& a, RowScratch<T>& w, const T* q, const In* k,
+                          const In* v, int64_t j0, int64_t j1, T* out) {
   const Dims& s = a.s;
   T* sc = w.scores.get();
   RowPartial<T> r{-std::numeric_limits<T>::infinity(), T(0)};
   if (j0 == j1) std::fill_n(out, s.dv, T(0));
+  const T scale = a.scale * FlashExp<T>::kLogBase;
   for (int64_t c0 = j0; c0 < j1; c0 += kRowChunk) {
     const int64_t c = std::min(kRowChunk, j1 - c0);
-    for (int64_t j = 0; j < c; ++j) sc[j] = a.scale * dot(q, k + (c0 + j) * s.d, s.d);
+    for (int64_t j = 0; j < c; ++j) sc[j] = scale * dot(q, k + (c0 + j) * s.d, s.d);
     const T mx = std::max(r.mx, row_max(sc, c, w.room));
     // Nothing to keep after the first chunk, or after chunks of -inf only
     // (their output is 0; e^(0 - mx) could overflow).
     const bool nothing = c0 == j0 || r.mx == -std::numeric_limits<T>::infinity();
-    const T keep = nothing ? T(0) : std::exp(r.mx - mx);
-    r.sum = r.sum * keep + exp_row(sc, c, c, T(1), shift_for(mx));
+    const T keep = nothing ? T(0) : FlashExp<T>::exp(r.mx - mx);
+    r.sum = r.sum * keep + exp_row(sc, c, c, shift_for(mx));
     weighted_sum(sc, v + c0 * s.dv, s.dv, c, out, T(1), c0 == j0 ? nullptr : &keep);
     r.mx = mx;
   }
   return r;
 }
 
-// Query row i of batch entry b.
-template <typename T>
-void forward_row(const ForwardArgs<T>& a, RowScratch<T>& w, int64_t b, int64_t i) {
+// Query row i of batch entry b (operands and output of type In; weights
+// only where In is T).
+template <typename T, typename In>
+void forward_row(const ForwardArgs<T, In>& a, RowScratch<T>& w, int64_t b, int64_t i) {
   const Dims& s = a.s;
   const int64_t row = b * s.n + i, L = a.lens.at(row, s.m);
-  T* out = a.out + row * s.dv;
+  T* out = output_row(a.out + row * s.dv, s.dv, w.out);
   T* weights = a.weights != nullptr ? a.weights + row * s.m : nullptr;
   if (L == 0) {
-    std::fill_n(out, s.dv, T(0));
+    std::fill_n(a.out + row * s.dv, s.dv, In(0));
     a.lse[row] = -std::numeric_limits<T>::infinity();
     if (weights != nullptr) std::fill_n(weights, s.m, T(0));
     return;
   }
-  const T* q = a.q + row * s.d;
-  const T* k = a.k + b * s.m * s.d;
+  const T* q = widened_row(a.q + row * s.d, s.d, w.query);
+  const In* k = a.k + b * s.m * s.d;
   if (weights == nullptr && L > kRowChunk) {
     const RowPartial<T> r = row_partial(a, w, q, k, a.v + b * s.m * s.dv, 0, L, out);
     scale_row(out, s.dv, T(1) / r.sum);
-    a.lse[row] = shift_for(r.mx) + std::log(r.sum);
+    store_row(out, a.out + row * s.dv, s.dv);
+    a.lse[row] = FlashExp<T>::lse(shift_for(r.mx), r.sum);
     return;
   }
   T* sc = w.scores.get();
-  for (int64_t j = 0; j < L; ++j) sc[j] = a.scale * dot(q, k + j * s.d, s.d);
+  const T scale = a.scale * FlashExp<T>::kLogBase;
+  for (int64_t j = 0; j < L; ++j) sc[j] = scale * dot(q, k + j * s.d, s.d);
   const T mx = row_max(sc, L, w.room);
   // A maximum of -inf (every score -inf) gives NaN here as it does in the
   // blocks and the composite path: such keys hold infinities.
-  const T sum = exp_row(sc, L, L, T(1), mx);
+  const T sum = exp_row(sc, L, L, mx);
   const T inv = T(1) / sum;
-  a.lse[row] = mx + std::log(sum);
+  a.lse[row] = FlashExp<T>::lse(mx, sum);
   weighted_sum(sc, a.v + b * s.m * s.dv, s.dv, L, out, inv);
+  store_row(out, a.out + row * s.dv, s.dv);
   if (weights != nullptr) {
     std::copy_n(sc, L, weights);
     scale_row(weights, L, inv);
@@ -203,8 +247,8 @@ int64_t key_splits(const Dims& s, int64_t tasks, int64_t longest, bool weights) 
   return std::clamp<int64_t>(std::min(threads / tasks, longest / kRowChunk), 1, threads);
 }
 
-template <typename T>
-void forward_split(const ForwardArgs<T>& a, int64_t splits) {
+template <typename T, typename In>
+void forward_split(const ForwardArgs<T, In>& a, int64_t splits) {
   const Dims& s = a.s;
   const int64_t slot = s.dv + 2, rows = s.B * s.n;
   std::vector<T> parts(rows * splits * slot);
@@ -219,18 +263,19 @@ void forward_split(const ForwardArgs<T>& a, int64_t splits) {
       const int64_t L = a.lens.at(row, s.m);
       T* out = parts.data() + t * slot;
       const RowPartial<T> r =
-          row_partial(a, w, a.q + row * s.d, a.k + b * s.m * s.d, a.v + b * s.m * s.dv,
-                      L * part / splits, L * (part + 1) / splits, out);
+          row_partial(a, w, widened_row(a.q + row * s.d, s.d, w.query), a.k + b * s.m * s.d,
+                      a.v + b * s.m * s.dv, L * part / splits, L * (part + 1) / splits, out);
       out[s.dv] = r.mx;
       out[s.dv + 1] = r.sum;
     }
   });
   constexpr T kNone = -std::numeric_limits<T>::infinity();
+  std::unique_ptr<T[]> row_out;
   for (int64_t row = 0; row < rows; ++row) {
-    T* out = a.out + row * s.dv;
+    T* out = output_row(a.out + row * s.dv, s.dv, row_out);
     const T* first = parts.data() + row * splits * slot;
     if (a.lens.at(row, s.m) == 0) {
-      std::fill_n(out, s.dv, T(0));
+      std::fill_n(a.out + row * s.dv, s.dv, In(0));
       a.lse[row] = kNone;
       continue;
     }
@@ -240,7 +285,8 @@ void forward_split(const ForwardArgs<T>& a, int64_t splits) {
     for (int64_t p = 0; p < splits; ++p) {
       const T* part = first + p * slot;
       // A part of -inf scores only holds zeros (and e^(0 - mx) may overflow).
-      const T factor = part[s.dv] == kNone ? T(0) : std::exp(part[s.dv] - shift_for(mx));
+      const T factor =
+          part[s.dv] == kNone ? T(0) : FlashExp<T>::exp(part[s.dv] - shift_for(mx));
       sum += factor * part[s.dv + 1];
       if (p == 0) {
         std::copy_n(part, s.dv, out);
@@ -250,7 +296,8 @@ void forward_split(const ForwardArgs<T>& a, int64_t splits) {
       }
     }
     scale_row(out, s.dv, T(1) / sum);
-    a.lse[row] = shift_for(mx) + std::log(sum);
+    store_row(out, a.out + row * s.dv, s.dv);
+    a.lse[row] = FlashExp<T>::lse(shift_for(mx), sum);
   }
 }
 
@@ -272,7 +319,8 @@ struct RowsScratch {
 // vector of keys at a time, as the forward's forward_row, with no packing,
 // no padded copies and no register tiles of which one row is real. For a
 // vector of keys the query's dot products (q·k and dO·v, independent chains)
-// come first, then p = exp(scale·q·k - lse) and dS = scale·p·(dO·v - D) in
+// come first, then p = exp(scale·q·k - lse) (in the kernel's base, Note
+// [Base-2 exponentials in the flash kernel]) and dS = scale·p·(dO·v - D) in
 // one vector (a libm expf per pair took a tenth of the book's
 // forward+backward at 2 threads; a vector across queries, one lane at one
 // query, made decoding slower); then each key's rows of dV and dK get p·dO
@@ -295,7 +343,7 @@ void backward_rows(const BackwardArgs<T>& a, RowsScratch<T>& w, int64_t b, int64
   T* dv = a.dv + (b * s.m + j0) * s.dv;
   const T* k = a.k + (b * s.m + j0) * s.d;
   const T* v = a.v + (b * s.m + j0) * s.dv;
-  const V vscale(a.scale);
+  const V vscale(a.scale), vscale_base(a.scale * FlashExp<T>::kLogBase);
   int64_t written = 0;  // keys [0, written) of the block have their rows of dK and dV
   for (int64_t i = 0; i < s.n; ++i) {
     const int64_t valid = std::clamp<int64_t>(a.lens.at(row0 + i, s.m) - j0, 0, kc);
@@ -303,14 +351,14 @@ void backward_rows(const BackwardArgs<T>& a, RowsScratch<T>& w, int64_t b, int64
     const T* q = a.q + (row0 + i) * s.d;
     const T* dout = a.dout + (row0 + i) * s.dv;
     T* dq_share = w.dq_shares.data() + i * s.d;
-    const V lse(a.lse[row0 + i]), delta(dot(dout, a.out + (row0 + i) * s.dv, s.dv));
+    const V lse(a.lse[row0 + i] * FlashExp<T>::kLogBase), delta(dot(dout, a.out + (row0 + i) * s.dv, s.dv));
     for (int64_t g = 0; g < valid; g += S) {
       const int64_t r = std::min(S, valid - g);
       for (int64_t j = 0; j < r; ++j) {
         p[j] = dot(q, k + (g + j) * s.d, s.d);
         ds[j] = dot(dout, v + (g + j) * s.dv, s.dv);
       }
-      const V e = softmax_exp(vscale * V::loadu(p) - lse);
+      const V e = FlashExp<T>::exp(vscale_base * V::loadu(p) - lse);
       e.store(p);
       (vscale * e * (V::loadu(ds) - delta)).store(ds);
       for (int64_t j = 0; j < r; ++j) {

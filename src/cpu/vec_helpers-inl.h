@@ -9,6 +9,7 @@
 #include <ATen/core/TensorBase.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,6 +99,41 @@ inline void partial_store(const Vectorized<double>& v, double* p, int64_t r) {
   _mm256_maskstore_pd(p, lanes64(r), v);
 }
 #endif
+
+// A vector of T from the size() elements at p, of type T itself or
+// bfloat16, widened exactly (its bits into a float's upper half): the flash
+// kernel's rows read a bfloat16 cache of keys and values in place this way
+// (flash_rows-inl.h) instead of converting all of it first. With r, the
+// first r <= size() lanes, zeros past them.
+template <typename T>
+Vectorized<T> load_widened(const T* p) {
+  return Vectorized<T>::loadu(p);
+}
+
+template <typename T>
+Vectorized<T> load_widened(const T* p, int64_t r) {
+  return partial_load(p, r);
+}
+
+inline Vectorized<float> load_widened(const c10::BFloat16* p) {
+#if defined(CPU_CAPABILITY_AVX512) && !defined(_MSC_VER)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(CPU_CAPABILITY_AVX2) && !defined(_MSC_VER)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+  float lanes[Vectorized<float>::size()];
+  for (int64_t i = 0; i < Vectorized<float>::size(); ++i) lanes[i] = static_cast<float>(p[i]);
+  return Vectorized<float>::loadu(lanes);
+#endif
+}
+
+inline Vectorized<float> load_widened(const c10::BFloat16* p, int64_t r) {
+  c10::BFloat16 lanes[Vectorized<float>::size()] = {};
+  std::copy_n(p, r, lanes);
+  return load_widened(lanes);
+}
 
 // Lanes [0, r) of `first` and the rest of `rest` (r <= size()): ATen's
 // Vectorized::set(rest, first, r), whose switch over r is an indirect jump
