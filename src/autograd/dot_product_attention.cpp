@@ -19,24 +19,24 @@ struct FlashOutputs {
   torch::Tensor out, lse, weights;
 };
 
-// bfloat16 queries, keys and values whose batch entries have so few queries
-// that the float kernel runs them row by row (decoding): its rows read K and
-// V in place (forward_bf16_rows), out in bfloat16 and lse in float; nothing
-// (out undefined) where the call needs the kernel's blocks of queries, or
-// asks for weights, which the caller then widens to float.
-FlashOutputs flash_forward_bf16_rows(const torch::Tensor& queries, const torch::Tensor& keys,
-                                     const torch::Tensor& values, const torch::Tensor& lens,
-                                     double scale, bool need_weights) {
+// bfloat16 queries, keys and values on the float kernel without float copies
+// of them (forward_bf16): out in bfloat16, or in float with `float_out` (for
+// autograd: the backward's rowsum(dO ∘ O) reads the output before its
+// rounding, as where bfloat16 is widened whole), lse in float; nothing (out
+// undefined) for other dtypes or where weights are asked for, which the
+// caller widens to float.
+FlashOutputs flash_forward_bf16(const torch::Tensor& queries, const torch::Tensor& keys,
+                                const torch::Tensor& values, const torch::Tensor& lens,
+                                double scale, bool need_weights, bool float_out) {
   if (need_weights || queries.scalar_type() != torch::kBFloat16 ||
       keys.scalar_type() != torch::kBFloat16 || values.scalar_type() != torch::kBFloat16) {
     return {};
   }
   const auto q = queries.contiguous(), k = keys.contiguous(), v = values.contiguous();
-  auto out = empty_output({q.size(0), q.size(1), v.size(2)}, q.options());
+  auto out = empty_output({q.size(0), q.size(1), v.size(2)},
+                          float_out ? q.options().dtype(torch::kFloat) : q.options());
   auto lse = torch::empty({q.size(0), q.size(1)}, q.options().dtype(torch::kFloat));
-  if (!cpu::dot_product_attention_kernels().forward_bf16_rows(q, k, v, lens, scale, out, lse)) {
-    return {};
-  }
+  cpu::dot_product_attention_kernels().forward_bf16(q, k, v, lens, scale, out, lse);
   return {std::move(out), std::move(lse), torch::Tensor()};
 }
 
@@ -91,7 +91,8 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& queries,
                              const torch::Tensor& keys, const torch::Tensor& values,
                              const torch::Tensor& lens, double scale, bool need_weights) {
-    FlashOutputs result = flash_forward_bf16_rows(queries, keys, values, lens, scale, need_weights);
+    FlashOutputs result =
+        flash_forward_bf16(queries, keys, values, lens, scale, need_weights, /*float_out=*/true);
     if (!result.out.defined()) {
       result = flash_forward(compute_type(queries), compute_type(keys), compute_type(values), lens,
                              scale, need_weights);
@@ -129,6 +130,26 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
       auto g = composite_backward(queries, keys, values, lens, scale, dout, dweights);
       return {g[0], g[1], g[2], none, none, none};
     }
+    const bool bf16 = queries.scalar_type() == torch::kBFloat16 &&
+                      keys.scalar_type() == torch::kBFloat16 &&
+                      values.scalar_type() == torch::kBFloat16;
+    if (bf16 && !dweights.defined()) {
+      // The kernel reads the bfloat16 operands in place (and the forward's
+      // float output); the gradients come out in float.
+      const auto q = queries.contiguous(), k = keys.contiguous(), v = values.contiguous();
+      const auto as_float = q.options().dtype(torch::kFloat);
+      auto dq = empty_output(q.sizes(), as_float), dk = empty_output(k.sizes(), as_float),
+           dv = empty_output(v.sizes(), as_float);
+      cpu::dot_product_attention_kernels().backward_bf16(
+          q, k, v, lens, scale, saved[4], as_dtype(dout, torch::kBFloat16).contiguous(), saved[5],
+          dq, dk, dv);
+      return {as_dtype(dq, torch::kBFloat16),
+              as_dtype(dk, torch::kBFloat16),
+              as_dtype(dv, torch::kBFloat16),
+              none,
+              none,
+              none};
+    }
     const auto q = compute_type(queries), k = compute_type(keys), v = compute_type(values);
     const auto dout_c = as_dtype(dout, q.scalar_type()).contiguous();
     if (dweights.defined()) {
@@ -138,10 +159,7 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
       return {as_dtype(g[0], queries.scalar_type()), as_dtype(g[1], keys.scalar_type()),
               as_dtype(g[2], values.scalar_type()), none, none, none};
     }
-    // The output in compute type: bfloat16 where the forward ran the
-    // bfloat16 rows (as SDPA's backward takes its bfloat16 output).
-    const auto out = compute_type(saved[4]);
-    const auto& lse = saved[5];
+    const auto &out = saved[4], &lse = saved[5];
     auto dq = empty_output_like(q), dk = empty_output_like(k), dv = empty_output_like(v);
     cpu::dot_product_attention_kernels().backward(q, k, v, lens, scale, out, dout_c, lse, dq, dk,
                                                   dv);
@@ -224,8 +242,9 @@ std::tuple<torch::Tensor, torch::Tensor> flash_attention(const torch::Tensor& qu
     auto outputs = FlashAttentionFunction::apply(queries, keys, values, lens, scale, need_weights);
     return {outputs[0], need_weights ? outputs[1] : torch::Tensor()};
   }
-  auto rows = flash_forward_bf16_rows(queries, keys, values, lens, scale, need_weights);
-  if (rows.out.defined()) return {rows.out, torch::Tensor()};
+  auto in_place = flash_forward_bf16(queries, keys, values, lens, scale, need_weights,
+                                     /*float_out=*/false);
+  if (in_place.out.defined()) return {in_place.out, torch::Tensor()};
   const auto q = compute_type(queries);
   auto result =
       flash_forward(q, compute_type(keys), compute_type(values), lens, scale, need_weights);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/dot_product_attention_kernel_parts.h"
@@ -35,6 +36,7 @@ struct BackwardScratch {
   // p and dp, then dS in dp's place; dk, dv and dq only where the outputs'
   // rows are not whole tiles (else the products accumulate in the outputs).
   std::vector<T> p, dp, dk, dv, dq, delta;
+  std::vector<T> values;                     // a bfloat16 call's key block of V, widened
   T *dk_rows = nullptr, *dv_rows = nullptr;  // where the current key block accumulates
   std::vector<int64_t> len;
   // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
@@ -56,8 +58,8 @@ struct BackwardScratch {
 };
 
 // One query block's contribution to key block [j0, j0 + kc) of batch entry b.
-template <typename T>
-void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t i0,
+template <typename T, typename In>
+void backward_pair(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t b, int64_t i0,
                    int64_t rows, int64_t j0, int64_t kc) {
   constexpr int64_t W = kTileCols<T>;
   using V = Vectorized<T>;
@@ -66,9 +68,9 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
   const int64_t row0 = b * s.n + i0;
   // P and dP up to kc rounded to a vector: what exp_row and dS below read.
   const int64_t last_cols = kc - (tiles - 1) * W;
-  gemm<T>(rows, tiles, s.d, a.q + row0 * s.d, s.d, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false,
-          last_cols);
-  gemm<T>(rows, tiles, s.dv, a.dout + row0 * s.dv, s.dv, w.vtp.get(), W, s.dv * W, w.dp.data(),
+  gemm<T>(rows, tiles, s.d, a.qpad + row0 * a.ldq, a.ldq, w.kp.get(), W, s.d * W, w.p.data(), w.kb,
+          false, last_cols);
+  gemm<T>(rows, tiles, s.dv, a.dopad + row0 * a.ldv, a.ldv, w.vtp.get(), W, s.dv * W, w.dp.data(),
           w.kb, false, last_cols);
   const V vscale(a.scale);
   for (int64_t r = 0; r < rows; ++r) {
@@ -118,16 +120,22 @@ void backward_pair(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, i
 // dK and dV of key block [j0, j0 + kc) of batch entry b, and its share of dQ.
 // Each key block starts at a different query block, so that threads working
 // on one batch entry seldom wait for the same lock of dQ.
-template <typename T>
-void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
+template <typename T, typename In>
+void backward_block(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
                     int64_t kc) {
   const Dims& s = a.s;
-  pack_transposed(a.k + (b * s.m + j0) * s.d, kc, s.d, w.kp.get());
+  pack_transposed(a.kpad + (b * s.m + j0) * a.ldq, kc, s.d, w.kp.get(), a.ldq);
   // Kᵀ as the scores' product reads it: multiplied by scale · kLogBase (Note
   // [Base-2 exponentials in the flash kernel]); dQ reads K itself.
   scale_row(w.kp.get(), div_up(kc, kTileCols<T>) * kTileCols<T> * s.d,
             a.scale * FlashExp<T>::kLogBase);
-  pack_transposed(a.v + (b * s.m + j0) * s.dv, kc, s.dv, w.vtp.get());
+  if constexpr (std::is_same_v<In, T>) {
+    pack_transposed(a.v + (b * s.m + j0) * s.dv, kc, s.dv, w.vtp.get());
+  } else {
+    w.values.resize(kc * s.dv);
+    widen(a.v + (b * s.m + j0) * s.dv, kc * s.dv, w.values.data());
+    pack_transposed(w.values.data(), kc, s.dv, w.vtp.get());
+  }
   w.dk_rows = w.dk.empty() ? a.dk + (b * s.m + j0) * s.d : w.dk.data();
   w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();
   std::fill_n(w.dk_rows, kc * a.ldq, T(0));
@@ -144,7 +152,7 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& w, int64_t b, 
     if (longest <= j0) continue;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = b * s.n + i0 + r;
-      w.delta[r] = dot(a.dout + i * s.dv, a.out + i * s.dv, s.dv);
+      w.delta[r] = dot(a.dopad + i * a.ldv, a.out + i * s.dv, s.dv);
     }
     backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
   }
@@ -191,14 +199,19 @@ inline bool backward_by_rows(int64_t n, int64_t longest) {
   return n <= 4 || (n <= 12 && longest <= 64);
 }
 
-template <typename T>
+// The backward of a call whose operands (q, k, v, dout) are of type In: T,
+// or bfloat16 read in place by the rows and widened into the padded copies
+// of Q, K and dO (and a key block of V at a time) by the blocks. The
+// forward's output and lse, and the gradients, are T.
+template <typename T, typename In>
 void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                     const at::TensorBase& lens, double scale, const at::TensorBase& out,
                     const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
                     const at::TensorBase& dk, const at::TensorBase& dv) {
   const Dims s = dims_of(q, v);
-  const T *qd = q.data_ptr<T>(), *kd = k.data_ptr<T>(), *vd = v.data_ptr<T>();
-  const T *od = out.data_ptr<T>(), *dod = dout.data_ptr<T>();
+  const In *qd = q.data_ptr<In>(), *kd = k.data_ptr<In>(), *vd = v.data_ptr<In>();
+  const T* od = out.data_ptr<T>();
+  const In* dod = dout.data_ptr<In>();
   const RowLengths row_lens = row_lengths(lens, s.n);
   // Keys at or past a batch entry's longest length get no gradient.
   std::vector<int64_t> batch_longest(s.B);
@@ -272,10 +285,24 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
                        ordered_runs(continued, bounds, task_b, costs);
   const Continuations shared = deterministic ? continued : Continuations{};
   std::array<std::mutex, kDqLocks> dq_locks;
-  const BackwardArgs<T> args{s,         qd,        kd,         vd,      od,       dod,
-                             lse.data_ptr<T>(),    qpad.data,  kpad.data, dopad.data,
-                             qpad.ld,   dopad.ld,  row_lens,   T(scale), dqd,     dkd,
-                             dvd,       deterministic || ordered ? nullptr : dq_locks.data()};
+  const BackwardArgs<T, In> args{s,
+                                 qd,
+                                 kd,
+                                 vd,
+                                 od,
+                                 dod,
+                                 lse.data_ptr<T>(),
+                                 qpad.data,
+                                 kpad.data,
+                                 dopad.data,
+                                 qpad.ld,
+                                 dopad.ld,
+                                 row_lens,
+                                 T(scale),
+                                 dqd,
+                                 dkd,
+                                 dvd,
+                                 deterministic || ordered ? nullptr : dq_locks.data()};
   const int64_t share_size = s.n * s.d;
   const auto shares = shared.size() > 0 ? uninitialized_buffer<T>(shared.size() * share_size)
                                          : std::unique_ptr<T[]>();
@@ -339,8 +366,17 @@ void dot_product_attention_backward(const at::TensorBase& q, const at::TensorBas
                                     const at::TensorBase& dq, const at::TensorBase& dk,
                                     const at::TensorBase& dv) {
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_backward", [&] {
-    backward_typed<scalar_t>(q, k, v, lens, scale, out, dout, lse, dq, dk, dv);
+    backward_typed<scalar_t, scalar_t>(q, k, v, lens, scale, out, dout, lse, dq, dk, dv);
   });
+}
+
+void dot_product_attention_backward_bf16(const at::TensorBase& q, const at::TensorBase& k,
+                                         const at::TensorBase& v, const at::TensorBase& lens,
+                                         double scale, const at::TensorBase& out,
+                                         const at::TensorBase& dout, const at::TensorBase& lse,
+                                         const at::TensorBase& dq, const at::TensorBase& dk,
+                                         const at::TensorBase& dv) {
+  backward_typed<float, c10::BFloat16>(q, k, v, lens, scale, out, dout, lse, dq, dk, dv);
 }
 
 }  // namespace CPU_CAPABILITY

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/dot_product_attention_kernel_parts.h"
@@ -53,20 +55,11 @@ struct ForwardScratch {
         block_max(W * key_blocks) {}
 };
 
-// n values of x as T, into `out`.
-template <typename T, typename In>
-void widen(const In* x, int64_t n, T* out) {
-  using V = Vectorized<T>;
-  int64_t c = 0;
-  for (; c + V::size() <= n; c += V::size()) load_widened(x + c).store(out + c);
-  for (; c < n; ++c) out[c] = static_cast<T>(x[c]);
-}
-
 // Batch entry b's keys and values as the products read them: in place, or
 // for bfloat16 the thread's float copies of its first `longest` rows.
-template <typename T, typename In>
-std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In>& a, ForwardScratch<T>& w,
-                                                int64_t b, int64_t longest) {
+template <typename T, typename In, typename Out>
+std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In, Out>& a,
+                                                ForwardScratch<T>& w, int64_t b) {
   const Dims& s = a.s;
   if constexpr (std::is_same_v<In, T>) {
     return {a.k + b * s.m * s.d, a.v + b * s.m * s.dv};
@@ -79,19 +72,18 @@ std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In>& a, For
       widen(a.v + b * s.m * s.dv, rows * s.dv, w.values.data());
       w.entry = b;
     }
-    (void)longest;
     return {w.keys.data(), w.values.data()};
   }
 }
 
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc) (Qᵀ already multiplied by scale ·
 // kLogBase, Note [Base-2 exponentials in the flash kernel]), their
-// exponentials Pᵀ relative to the running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled
-// where a maximum grew. Entries of keys past a query's length are -inf before
-// the maximum and exactly 0 after the exponential, whatever the padding held.
-template <typename T, typename In>
-void attend_key_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, const T* k, const T* v,
-                      int64_t j0, int64_t kc, bool all_valid) {
+// exponentials Pᵀ relative to the running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ
+// rescaled where a maximum grew. Entries of keys past a query's length are -inf before the maximum
+// and exactly 0 after the exponential, whatever the padding held.
+template <typename T, typename In, typename Out>
+void attend_key_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, const T* k,
+                      const T* v, int64_t j0, int64_t kc, bool all_valid) {
   using V = Vectorized<T>;
   constexpr int64_t S = V::size(), W = ForwardScratch<T>::W;
   static_assert(W == 2 * S, "a block of queries is two vectors");
@@ -170,9 +162,9 @@ void attend_key_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, const T
 // to the query's maximum at the time; once its final maximum and sum are
 // known, each block is rescaled by exp(block max - max) / sum, and the keys
 // past its length are zeroed. The weights are the only (B, n, m) memory.
-template <typename T>
-void write_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
-                   int64_t rows, int64_t j0, int64_t kc) {
+template <typename T, typename In, typename Out>
+void write_weights(const ForwardArgs<T, In, Out>& a, const ForwardScratch<T>& w, int64_t b,
+                   int64_t i0, int64_t rows, int64_t j0, int64_t kc) {
   constexpr int64_t W = ForwardScratch<T>::W;
   const Dims& s = a.s;
   const T* st = w.st.get();
@@ -182,9 +174,9 @@ void write_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t 
   }
 }
 
-template <typename T>
-void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t b, int64_t i0,
-                    int64_t rows) {
+template <typename T, typename In, typename Out>
+void finish_weights(const ForwardArgs<T, In, Out>& a, const ForwardScratch<T>& w, int64_t b,
+                    int64_t i0, int64_t rows) {
   const Dims& s = a.s;
   const int64_t key_blocks = div_up(s.m, a.kb);
   for (int64_t c = 0; c < rows; ++c) {
@@ -200,8 +192,8 @@ void finish_weights(const ForwardArgs<T>& a, const ForwardScratch<T>& w, int64_t
 }
 
 // Query rows [i0, i0 + rows) of batch entry b, rows <= W.
-template <typename T, typename In>
-void forward_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
+template <typename T, typename In, typename Out>
+void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64_t b, int64_t i0,
                    int64_t rows) {
   constexpr int64_t W = ForwardScratch<T>::W;
   const Dims& s = a.s;
@@ -219,7 +211,7 @@ void forward_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, int64_t b,
     pack_transposed(w.rows.data(), rows, s.d, w.qt.get());
   }
   scale_row(w.qt.get(), s.d * W, a.scale * FlashExp<T>::kLogBase);
-  const auto [k, v] = entry_keys_values(a, w, b, longest);
+  const auto [k, v] = entry_keys_values(a, w, b);
   // The first key block writes Oᵀ (attend_key_block); with no valid key at
   // all there is none.
   if (longest == 0) std::fill_n(w.ot.get(), s.dv * W, T(0));
@@ -254,25 +246,27 @@ void forward_block(const ForwardArgs<T, In>& a, ForwardScratch<T>& w, int64_t b,
     (V::loadu(ot + f * W) * inv0).store(ot + f * W);
     (V::loadu(ot + f * W + S) * inv1).store(ot + f * W + S);
   }
-  if constexpr (std::is_same_v<In, T>) {
+  if constexpr (std::is_same_v<Out, T>) {
     transpose_into(ot, W, s.dv, s.dv, rows, a.out + (b * s.n + i0) * s.dv, s.dv);
   } else {
+    w.rows.resize(W * std::max(s.d, s.dv));
     transpose_into(ot, W, s.dv, s.dv, rows, w.rows.data(), s.dv);
-    In* out = a.out + (b * s.n + i0) * s.dv;
-    for (int64_t e = 0; e < rows * s.dv; ++e) out[e] = static_cast<In>(w.rows[e]);
+    Out* out = a.out + (b * s.n + i0) * s.dv;
+    for (int64_t e = 0; e < rows * s.dv; ++e) out[e] = static_cast<Out>(w.rows[e]);
   }
   alignas(64) T lse[W];
   const V to_natural(FlashExp<T>::kInvLogBase);
   at::vec::fmadd(V::loadu(w.row_max), to_natural, V::loadu(w.row_sum).log()).store(lse);
-  at::vec::fmadd(V::loadu(w.row_max + S), to_natural, V::loadu(w.row_sum + S).log())
-      .store(lse + S);
+  at::vec::fmadd(V::loadu(w.row_max + S), to_natural, V::loadu(w.row_sum + S).log()).store(lse + S);
   for (int64_t c = 0; c < rows; ++c) {
     a.lse[b * s.n + i0 + c] = w.len[c] == 0 ? -std::numeric_limits<T>::infinity() : lse[c];
   }
   if (a.weights != nullptr) finish_weights(a, w, b, i0, rows);
 }
 
-template <typename T>
+// The forward of a call whose operands are of type In (T, or bfloat16 read
+// in place: no weights then) and whose output is of type Out.
+template <typename T, typename In, typename Out>
 void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& lse, const at::TensorBase& weights) {
@@ -291,16 +285,16 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     // packing and output W rows (macs_to_grain).
     costs[t] = (rows * longest + (by_rows<T>(rows) ? rows : W)) * macs_to_grain(s);
   }
-  const ForwardArgs<T> args{s,
-                            q.data_ptr<T>(),
-                            k.data_ptr<T>(),
-                            v.data_ptr<T>(),
-                            row_lens,
-                            T(scale),
-                            out.data_ptr<T>(),
-                            lse.data_ptr<T>(),
-                            weights.defined() ? weights.data_ptr<T>() : nullptr,
-                            key_block_size<T>(longest_any, 2)};
+  const ForwardArgs<T, In, Out> args{s,
+                                     q.data_ptr<In>(),
+                                     k.data_ptr<In>(),
+                                     v.data_ptr<In>(),
+                                     row_lens,
+                                     T(scale),
+                                     out.data_ptr<Out>(),
+                                     lse.data_ptr<T>(),
+                                     weights.defined() ? weights.data_ptr<T>() : nullptr,
+                                     key_block_size<T>(longest_any, 2)};
   const int64_t splits = key_splits<T>(s, s.B * blocks, longest_any, args.weights != nullptr);
   if (splits > 1) return forward_split(args, splits);
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
@@ -322,57 +316,18 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   });
 }
 
-// The bfloat16 call's rows, where every block of the call runs row by row
-// (by_rows: a few queries a batch entry, as in decoding): K and V read in
-// place and widened in registers, each row's query widened and its output
-// rounded once. Returns false, having done nothing, where the call has
-// blocks of queries.
-bool forward_bf16_rows(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
-                       const at::TensorBase& lens, double scale, const at::TensorBase& out,
-                       const at::TensorBase& lse) {
-  using T = float;
-  const Dims s = dims_of(q, v);
-  if (!by_rows<T>(s.n)) return false;
-  const RowLengths row_lens = row_lengths(lens, s.n);
-  std::vector<int64_t> costs(s.B);
-  int64_t longest_any = 0;
-  for (int64_t b = 0; b < s.B; ++b) {
-    const int64_t longest = longest_length(row_lens, s, b, 0, s.n);
-    longest_any = std::max(longest_any, longest);
-    costs[b] = (s.n * longest + s.n) * macs_to_grain(s);
-  }
-  using Bf16 = c10::BFloat16;
-  const ForwardArgs<T, Bf16> args{s,
-                                  q.data_ptr<Bf16>(),
-                                  k.data_ptr<Bf16>(),
-                                  v.data_ptr<Bf16>(),
-                                  row_lens,
-                                  T(scale),
-                                  out.data_ptr<Bf16>(),
-                                  lse.data_ptr<T>(),
-                                  nullptr,
-                                  key_block_size<T>(longest_any, 2)};
-  const int64_t splits = key_splits<T>(s, s.B, longest_any, false);
-  if (splits > 1) {
-    forward_split(args, splits);
-    return true;
-  }
-  parallel_runs(costs, [&](int64_t b0, int64_t b1) {
-    RowScratch<T> scratch(s, false);
-    for (int64_t b = b0; b < b1; ++b) {
-      for (int64_t i = 0; i < s.n; ++i) forward_row(args, scratch, b, i);
-    }
-  });
-  return true;
-}
-
 }  // namespace
 
-bool dot_product_attention_forward_bf16_rows(const at::TensorBase& q, const at::TensorBase& k,
-                                             const at::TensorBase& v, const at::TensorBase& lens,
-                                             double scale, const at::TensorBase& out,
-                                             const at::TensorBase& lse) {
-  return forward_bf16_rows(q, k, v, lens, scale, out, lse);
+void dot_product_attention_forward_bf16(const at::TensorBase& q, const at::TensorBase& k,
+                                        const at::TensorBase& v, const at::TensorBase& lens,
+                                        double scale, const at::TensorBase& out,
+                                        const at::TensorBase& lse) {
+  if (out.scalar_type() == at::kFloat) {
+    forward_typed<float, c10::BFloat16, float>(q, k, v, lens, scale, out, lse, at::TensorBase());
+  } else {
+    forward_typed<float, c10::BFloat16, c10::BFloat16>(q, k, v, lens, scale, out, lse,
+                                                       at::TensorBase());
+  }
 }
 
 void dot_product_attention_forward(const at::TensorBase& q, const at::TensorBase& k,
@@ -380,7 +335,7 @@ void dot_product_attention_forward(const at::TensorBase& q, const at::TensorBase
                                    double scale, const at::TensorBase& out,
                                    const at::TensorBase& lse, const at::TensorBase& weights) {
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::flash_attention_forward", [&] {
-    forward_typed<scalar_t>(q, k, v, lens, scale, out, lse, weights);
+    forward_typed<scalar_t, scalar_t, scalar_t>(q, k, v, lens, scale, out, lse, weights);
   });
 }
 

@@ -65,9 +65,9 @@ namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 
 const DotProductAttentionKernels& dot_product_attention_kernels() {
-  static const DotProductAttentionKernels table{&dot_product_attention_forward,
-                                                &dot_product_attention_backward,
-                                                &dot_product_attention_forward_bf16_rows};
+  static const DotProductAttentionKernels table{
+      &dot_product_attention_forward, &dot_product_attention_backward,
+      &dot_product_attention_forward_bf16, &dot_product_attention_backward_bf16};
   return table;
 }
 

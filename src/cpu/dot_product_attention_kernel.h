@@ -33,15 +33,24 @@ struct DotProductAttentionKernels {
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,
                    const at::TensorBase& dk, const at::TensorBase& dv);
-  /// forward on bfloat16 q, k, v and out (lse float; no weights) where the
-  /// call's batch entries have so few queries that they run row by row
-  /// (decoding: one query a step): K and V are read in place, widened to
-  /// float in registers, instead of converted whole before the call. Returns
-  /// false, having written nothing, for calls with more queries a batch
-  /// entry, which the caller widens to float for `forward`.
-  bool (*forward_bf16_rows)(const at::TensorBase& q, const at::TensorBase& k,
-                            const at::TensorBase& v, const at::TensorBase& lens, double scale,
-                            const at::TensorBase& out, const at::TensorBase& lse);
+  /// forward on bfloat16 q, k and v (out bfloat16 or float, lse float; no
+  /// weights), in float without float copies of the operands: rows of a few
+  /// queries (decoding) read K and V in place, widened in registers; blocks
+  /// of queries widen their batch entry's keys and values once a thread,
+  /// and each block's queries as they are packed. The float kernel's
+  /// numbers on the widened inputs (a bfloat16 output rounded once).
+  void (*forward_bf16)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                       const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                       const at::TensorBase& lse);
+  /// backward on bfloat16 q, k, v and dout (out and lse float: the
+  /// forward's float output) into float dq, dk and dv: rows read every
+  /// operand in place; blocks widen Q, K and dO into the padded copies they
+  /// make anyway for whole tiles, and V a key block at a time.
+  void (*backward_bf16)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
+                        const at::TensorBase& lens, double scale, const at::TensorBase& out,
+                        const at::TensorBase& dout, const at::TensorBase& lse,
+                        const at::TensorBase& dq, const at::TensorBase& dk,
+                        const at::TensorBase& dv);
 };
 
 D2L_DECLARE_CPU_KERNELS(DotProductAttentionKernels, dot_product_attention_kernels)

@@ -17,10 +17,10 @@ void dot_product_attention_forward(const at::TensorBase& q, const at::TensorBase
                                    double scale, const at::TensorBase& out,
                                    const at::TensorBase& lse, const at::TensorBase& weights);
 
-bool dot_product_attention_forward_bf16_rows(const at::TensorBase& q, const at::TensorBase& k,
-                                             const at::TensorBase& v, const at::TensorBase& lens,
-                                             double scale, const at::TensorBase& out,
-                                             const at::TensorBase& lse);
+void dot_product_attention_forward_bf16(const at::TensorBase& q, const at::TensorBase& k,
+                                        const at::TensorBase& v, const at::TensorBase& lens,
+                                        double scale, const at::TensorBase& out,
+                                        const at::TensorBase& lse);
 
 void dot_product_attention_backward(const at::TensorBase& q, const at::TensorBase& k,
                                     const at::TensorBase& v, const at::TensorBase& lens,
@@ -28,6 +28,13 @@ void dot_product_attention_backward(const at::TensorBase& q, const at::TensorBas
                                     const at::TensorBase& dout, const at::TensorBase& lse,
                                     const at::TensorBase& dq, const at::TensorBase& dk,
                                     const at::TensorBase& dv);
+
+void dot_product_attention_backward_bf16(const at::TensorBase& q, const at::TensorBase& k,
+                                         const at::TensorBase& v, const at::TensorBase& lens,
+                                         double scale, const at::TensorBase& out,
+                                         const at::TensorBase& dout, const at::TensorBase& lse,
+                                         const at::TensorBase& dq, const at::TensorBase& dk,
+                                         const at::TensorBase& dv);
 
 }  // namespace CPU_CAPABILITY
 }  // namespace d2l::cpu

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gemm-inl.h"
@@ -68,29 +69,46 @@ Dims dims_of(const at::TensorBase& q, const at::TensorBase& v) {
   return {q.size(0), q.size(1), v.size(1), q.size(2), v.size(2)};
 }
 
-// x (rows × cols) transposed into panels of W = kTileCols rows of x each:
-// panel p is a row-major (cols × W) block, zero past `rows`.
+// x (rows × cols, row stride ldx, cols by default) transposed into panels of
+// W = kTileCols rows of x each: panel p is a row-major (cols × W) block,
+// zero past `rows`.
 template <typename T>
-void pack_transposed(const T* x, int64_t rows, int64_t cols, T* out) {
+void pack_transposed(const T* x, int64_t rows, int64_t cols, T* out, int64_t ldx = 0) {
   constexpr int64_t W = kTileCols<T>;
+  if (ldx == 0) ldx = cols;
   for (int64_t p = 0; p < div_up(rows, W); ++p) {
-    transpose_into(x + p * W * cols, cols, rows - p * W, W, cols, out + p * cols * W, W);
+    transpose_into(x + p * W * ldx, ldx, rows - p * W, W, cols, out + p * cols * W, W);
   }
 }
 
-// A (rows × cols) matrix with its rows padded to `ld` = whole tiles: x itself
-// when cols already is, else a zero-padded copy.
+// n values of x as T, into `out`.
+template <typename T, typename In>
+void widen(const In* x, int64_t n, T* out) {
+  using V = Vectorized<T>;
+  int64_t c = 0;
+  for (; c + V::size() <= n; c += V::size()) load_widened(x + c).store(out + c);
+  for (; c < n; ++c) out[c] = static_cast<T>(x[c]);
+}
+
+// A (rows × cols) matrix of T with its rows padded to `ld` = whole tiles: x
+// itself when it is of type T and cols already is, else a zero-padded copy
+// (of bfloat16 widened, in parallel).
 template <typename T>
 struct Padded {
   std::vector<T> storage;
-  const T* data;
+  const T* data = nullptr;
   int64_t ld;
 
-  Padded(const T* x, int64_t rows, int64_t cols) : data(x), ld(round_up_to_tile<T>(cols)) {
-    if (ld == cols) return;
+  template <typename In>
+  Padded(const In* x, int64_t rows, int64_t cols) : ld(round_up_to_tile<T>(cols)) {
+    if constexpr (std::is_same_v<In, T>) {
+      data = x;
+      if (ld == cols) return;
+    }
     storage.assign(rows * ld, T(0));
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(&storage[r * ld], x + r * cols, cols * sizeof(T));
+    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / ld), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) widen(x + r * cols, cols, &storage[r * ld]);
+    });
     data = storage.data();
   }
 };
@@ -140,24 +158,31 @@ int64_t longest_length(const RowLengths& lens, const Dims& s, int64_t b, int64_t
 
 // --------------------------------------------- the arguments of each pass
 
-// In: the operands' and output's type, T itself or, for the rows of a
-// bfloat16 call (flash_rows-inl.h), bfloat16 read and written in place.
-template <typename T, typename In = T>
+// In: the operands' type, T itself or bfloat16 (read in place by the rows,
+// widened by the blocks); Out: the output's, In or, for a bfloat16 call
+// under autograd, T (the backward's rowsum(dO ∘ O) then reads the output
+// before its rounding, as where bfloat16 is widened whole).
+template <typename T, typename In = T, typename Out = In>
 struct ForwardArgs {
   Dims s;
   const In *q, *k, *v;
   RowLengths lens;
   T scale;
-  In* out;
+  Out* out;
   T* lse;
   T* weights;  // (B, n, m), or null when no weights are asked
   int64_t kb;  // the key block (key_block_size)
 };
 
-template <typename T>
+// In: the operands' type, T or bfloat16 (read in place or widened into the
+// padded copies); the forward's output, lse and the gradients are T.
+template <typename T, typename In = T>
 struct BackwardArgs {
   Dims s;
-  const T *q, *k, *v, *out, *dout, *lse;
+  const In *q, *k, *v;
+  const T* out;
+  const In* dout;
+  const T* lse;
   const T *qpad, *kpad, *dopad;  // rows padded to ldq / ldq / ldv
   int64_t ldq, ldv;
   RowLengths lens;
@@ -179,14 +204,15 @@ struct DqTarget {
   int64_t entry = -1;
   T* share = nullptr;
 
-  T* rows(const BackwardArgs<T>& a, int64_t b) const {
+  template <typename In>
+  T* rows(const BackwardArgs<T, In>& a, int64_t b) const {
     return b == entry ? share : a.dq + b * a.s.n * a.s.d;
   }
 };
 
 // A's lock for a query block's rows of dQ, or none (deterministic sums).
-template <typename T>
-std::unique_lock<std::mutex> dq_lock(const BackwardArgs<T>& a, int64_t slot) {
+template <typename T, typename In>
+std::unique_lock<std::mutex> dq_lock(const BackwardArgs<T, In>& a, int64_t slot) {
   if (a.dq_locks == nullptr) return {};
   return std::unique_lock<std::mutex>(a.dq_locks[slot % kDqLocks]);
 }
@@ -206,18 +232,18 @@ T dot(const T* x, const In* y, int64_t n) {
   return horizontal_sum(acc);
 }
 
-// y[0:n] = alpha · x[0:n], or += with kAccumulate.
-template <bool kAccumulate, typename T>
-void axpy(T* y, const T* x, T alpha, int64_t n) {
+// y[0:n] = alpha · x[0:n], or += with kAccumulate; x of type T or bfloat16.
+template <bool kAccumulate, typename T, typename In>
+void axpy(T* y, const In* x, T alpha, int64_t n) {
   using V = Vectorized<T>;
   const V valpha(alpha);
   int64_t c = 0;
   for (; c + V::size() <= n; c += V::size()) {
-    const V x_c = V::loadu(x + c);
+    const V x_c = load_widened(x + c);
     (kAccumulate ? at::vec::fmadd(valpha, x_c, V::loadu(y + c)) : valpha * x_c).store(y + c);
   }
   if (c < n) {
-    const V x_c = partial_load(x + c, n - c);
+    const V x_c = load_widened(x + c, n - c);
     partial_store(kAccumulate ? at::vec::fmadd(valpha, x_c, partial_load(y + c, n - c))
                               : valpha * x_c,
                   y + c, n - c);

@@ -159,9 +159,9 @@ struct RowPartial {
   T mx, sum;
 };
 
-template <typename T, typename In>
-RowPartial<T> row_partial(const ForwardArgs<T, In>& a, RowScratch<T>& w, const T* q, const In* k,
-                          const In* v, int64_t j0, int64_t j1, T* out) {
+template <typename T, typename In, typename Out>
+RowPartial<T> row_partial(const ForwardArgs<T, In, Out>& a, RowScratch<T>& w, const T* q,
+                          const In* k, const In* v, int64_t j0, int64_t j1, T* out) {
   const Dims& s = a.s;
   T* sc = w.scores.get();
   RowPartial<T> r{-std::numeric_limits<T>::infinity(), T(0)};
@@ -182,16 +182,16 @@ RowPartial<T> row_partial(const ForwardArgs<T, In>& a, RowScratch<T>& w, const T
   return r;
 }
 
-// Query row i of batch entry b (operands and output of type In; weights
-// only where In is T).
-template <typename T, typename In>
-void forward_row(const ForwardArgs<T, In>& a, RowScratch<T>& w, int64_t b, int64_t i) {
+// Query row i of batch entry b (operands of type In, output of type Out;
+// weights only where both are T).
+template <typename T, typename In, typename Out>
+void forward_row(const ForwardArgs<T, In, Out>& a, RowScratch<T>& w, int64_t b, int64_t i) {
   const Dims& s = a.s;
   const int64_t row = b * s.n + i, L = a.lens.at(row, s.m);
   T* out = output_row(a.out + row * s.dv, s.dv, w.out);
   T* weights = a.weights != nullptr ? a.weights + row * s.m : nullptr;
   if (L == 0) {
-    std::fill_n(a.out + row * s.dv, s.dv, In(0));
+    std::fill_n(a.out + row * s.dv, s.dv, Out(0));
     a.lse[row] = -std::numeric_limits<T>::infinity();
     if (weights != nullptr) std::fill_n(weights, s.m, T(0));
     return;
@@ -247,8 +247,8 @@ int64_t key_splits(const Dims& s, int64_t tasks, int64_t longest, bool weights) 
   return std::clamp<int64_t>(std::min(threads / tasks, longest / kRowChunk), 1, threads);
 }
 
-template <typename T, typename In>
-void forward_split(const ForwardArgs<T, In>& a, int64_t splits) {
+template <typename T, typename In, typename Out>
+void forward_split(const ForwardArgs<T, In, Out>& a, int64_t splits) {
   const Dims& s = a.s;
   const int64_t slot = s.dv + 2, rows = s.B * s.n;
   std::vector<T> parts(rows * splits * slot);
@@ -275,7 +275,7 @@ void forward_split(const ForwardArgs<T, In>& a, int64_t splits) {
     T* out = output_row(a.out + row * s.dv, s.dv, row_out);
     const T* first = parts.data() + row * splits * slot;
     if (a.lens.at(row, s.m) == 0) {
-      std::fill_n(a.out + row * s.dv, s.dv, In(0));
+      std::fill_n(a.out + row * s.dv, s.dv, Out(0));
       a.lse[row] = kNone;
       continue;
     }
@@ -285,8 +285,7 @@ void forward_split(const ForwardArgs<T, In>& a, int64_t splits) {
     for (int64_t p = 0; p < splits; ++p) {
       const T* part = first + p * slot;
       // A part of -inf scores only holds zeros (and e^(0 - mx) may overflow).
-      const T factor =
-          part[s.dv] == kNone ? T(0) : FlashExp<T>::exp(part[s.dv] - shift_for(mx));
+      const T factor = part[s.dv] == kNone ? T(0) : FlashExp<T>::exp(part[s.dv] - shift_for(mx));
       sum += factor * part[s.dv + 1];
       if (p == 0) {
         std::copy_n(part, s.dv, out);
@@ -312,6 +311,8 @@ struct RowsScratch {
       : dq_shares(s.n * s.d), p(Vectorized<T>::size()), ds(Vectorized<T>::size()) {}
   std::vector<T> dq_shares, p, ds;
   DqTarget<T> target;
+  // A bfloat16 call's query and upstream gradient rows, widened.
+  std::unique_ptr<T[]> query, dout;
 };
 
 // Key block [j0, j0 + kc) of batch entry b when the batch entry has only a
@@ -330,8 +331,8 @@ struct RowsScratch {
 // key writes its rows of dK and dV and later ones add to them (no zero-fill
 // pass first). Lanes past a query's valid keys hold stale values and are
 // never read.
-template <typename T>
-void backward_rows(const BackwardArgs<T>& a, RowsScratch<T>& w, int64_t b, int64_t j0,
+template <typename T, typename In>
+void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, int64_t j0,
                    int64_t kc) {
   using V = Vectorized<T>;
   constexpr int64_t S = V::size();
@@ -341,17 +342,18 @@ void backward_rows(const BackwardArgs<T>& a, RowsScratch<T>& w, int64_t b, int64
   std::fill(w.dq_shares.begin(), w.dq_shares.end(), T(0));
   T* dk = a.dk + (b * s.m + j0) * s.d;
   T* dv = a.dv + (b * s.m + j0) * s.dv;
-  const T* k = a.k + (b * s.m + j0) * s.d;
-  const T* v = a.v + (b * s.m + j0) * s.dv;
+  const In* k = a.k + (b * s.m + j0) * s.d;
+  const In* v = a.v + (b * s.m + j0) * s.dv;
   const V vscale(a.scale), vscale_base(a.scale * FlashExp<T>::kLogBase);
   int64_t written = 0;  // keys [0, written) of the block have their rows of dK and dV
   for (int64_t i = 0; i < s.n; ++i) {
     const int64_t valid = std::clamp<int64_t>(a.lens.at(row0 + i, s.m) - j0, 0, kc);
     if (valid == 0) continue;
-    const T* q = a.q + (row0 + i) * s.d;
-    const T* dout = a.dout + (row0 + i) * s.dv;
+    const T* q = widened_row(a.q + (row0 + i) * s.d, s.d, w.query);
+    const T* dout = widened_row(a.dout + (row0 + i) * s.dv, s.dv, w.dout);
     T* dq_share = w.dq_shares.data() + i * s.d;
-    const V lse(a.lse[row0 + i] * FlashExp<T>::kLogBase), delta(dot(dout, a.out + (row0 + i) * s.dv, s.dv));
+    const V lse(a.lse[row0 + i] * FlashExp<T>::kLogBase),
+        delta(dot(dout, a.out + (row0 + i) * s.dv, s.dv));
     for (int64_t g = 0; g < valid; g += S) {
       const int64_t r = std::min(S, valid - g);
       for (int64_t j = 0; j < r; ++j) {

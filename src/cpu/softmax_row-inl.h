@@ -150,8 +150,8 @@ inline Vectorized<float> FlashExp<float>::exp(const Vectorized<float>& x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931469440e-01f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.000000119e+00f));
   // n from t's low bits into p's exponent (p is in [0.7, 1.5]; n >= -125).
-  const __m256i e = _mm256_add_epi32(_mm256_castps_si256(p),
-                                     _mm256_slli_epi32(_mm256_castps_si256(t), 23));
+  const __m256i e =
+      _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23));
   // Zero below the range: the compare is false for NaN, which stays.
   return _mm256_andnot_ps(_mm256_cmp_ps(x, lowest, _CMP_LT_OQ), _mm256_castsi256_ps(e));
 }
