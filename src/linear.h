@@ -22,8 +22,14 @@ bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W);
 /// a (r, k) · b (k, c), a new (r, c) tensor, without autograd: split by rows
 /// of `a` over ATen's threads under the conditions of
 /// linear_splits_over_threads (r rows, r·k·c multiply-adds), else at::mm.
-/// For autograd functions that hold projections of their own.
+/// bfloat16 and float16 on a CPU without AVX512-BF16 are multiplied in float
+/// and rounded once. For autograd functions that hold projections of their
+/// own.
 torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b);
+
+/// Whether mm_over_threads(a, b) multiplies in float: bfloat16 or float16 on
+/// a CPU without AVX512-BF16, where ATen's own products are slow.
+bool mm_widens(const torch::Tensor& a, const torch::Tensor& b);
 
 /// y = x Wᵀ (+ b), the same as torch::nn::functional::linear (the same
 /// checks and errors, gradients and double backward), split over threads

@@ -147,7 +147,7 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
     // the heads' gradients in the kernels' (forward_pass).
     const auto dout2 = dout.defined() ? dout.reshape({batch * n, h}).contiguous()
                                       : torch::zeros({batch * n, h}, joined.options());
-    if (needs(kWo)) result[kWo] = dout2.t().mm(joined.view({batch * n, h}));
+    if (needs(kWo)) result[kWo] = mm_over_threads(dout2.t(), joined.view({batch * n, h}));
     if (needs(kBo) && w.b_o.numel() > 0) result[kBo] = dout2.sum(0);
     const auto djoined = compute_type(mm_over_threads(dout2, w.W_o).view({batch, n, h}));
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
@@ -164,11 +164,17 @@ struct MultiHeadAttentionFunction : torch::autograd::Function<MultiHeadAttention
       const auto& x = saved[pr.x];
       const auto& W = saved[pr.W];
       const auto g = as_dtype(pr.grad, x.scalar_type()).view({-1, h});
-      if (needs(pr.W)) result[pr.W] = g.t().mm(x.reshape({-1, W.size(1)}));
+      if (needs(pr.W)) result[pr.W] = mm_over_threads(g.t(), x.reshape({-1, W.size(1)}));
       if (needs(pr.b) && saved[pr.b].numel() > 0) result[pr.b] = g.sum(0);
       if (!needs(pr.x)) continue;
       if (self && pr.x != kQ) {
-        result[kQ].view({-1, W.size(1)}).addmm_(g, W);
+        auto dx = result[kQ].view({-1, W.size(1)});
+        if (mm_widens(g, W)) {
+          // One rounding of the sum, as addmm_ gives.
+          dx.copy_(at::addmm(dx.to(torch::kFloat), g.to(torch::kFloat), W.to(torch::kFloat)));
+        } else {
+          dx.addmm_(g, W);
+        }
       } else {
         result[pr.x] = mm_over_threads(g, W).view(x.sizes());
       }
