@@ -311,16 +311,20 @@ define ctest_summary
 	  END { printf "total: %d passed, %d failed, %d skipped\n", total - failed - skipped, failed, skipped }'
 endef
 
-# The release suite on one LibTorch (TORCH): the GoogleTest suite, the
-# installed-package and subproject tests, the benchmark scripts' self-test.
-# Build and ctest are timed apart. A slice: cd $(BUILD_DIR) && ctest -L fast
-# (labels fast, slow, cuda, distributed).
+# The release suite on one LibTorch (TORCH): the GoogleTest suite and the
+# benchmark scripts' self-test; with CONSUMER_TESTS=1 (make check, and the
+# Debian 13 leg) also the consumer tests, projects that use the library as
+# an installed package, a subproject and through FetchContent (label
+# consumer: a second build of the library). Build and ctest are timed apart.
+# A slice: cd $(BUILD_DIR) && ctest -L fast (labels fast, slow, cuda,
+# distributed, consumer).
 test: configure
 	@t0=$$(date +%s); \
 	cmake --build $(BUILD_DIR) -j $(JOBS) || exit 1; \
 	t1=$$(date +%s); \
 	rm -rf $(BUILD_DIR)/gtest-reports; \
-	(cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log); rc=$$?; \
+	(cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -O ctest.log \
+	  $(if $(filter 1,$(CONSUMER_TESTS)),,-LE consumer)); rc=$$?; \
 	t2=$$(date +%s); \
 	echo "make test ($(BUILD_DIR)/): build $$((t1 - t0)) s, ctest $$((t2 - t1)) s"; \
 	exit $$rc
@@ -356,7 +360,7 @@ check_prune = $(if $(filter 1,$(CHECK_PRUNE)),$(MAKE) --no-print-directory check
 check-prune:
 	tests/check_prune.sh $(CHECK_PRUNE_PATHS)
 check: check-disk
-	@t0=$$(date +%s); $(MAKE) test TORCH=debian BUILD_DIR=build && \
+	@t0=$$(date +%s); $(MAKE) test TORCH=debian BUILD_DIR=build CONSUMER_TESTS=1 && \
 	t1=$$(date +%s) && $(MAKE) package TORCH=debian BUILD_DIR=build && $(call check_prune,build) && \
 	$(MAKE) test-package-debian12 PACKAGE_BUILT=1 && $(call check_prune,$(DEBIAN12_ROOT)) && \
 	t2=$$(date +%s) && $(MAKE) test-asan-torch2 TORCH2_VARIANT=cpu VENV=$(CHECK_VENV) && \

@@ -47,7 +47,7 @@ if [ "${AVX2_PINNING:-1}" = 1 ]; then
 fi
 debian_say "make test and make package in the Debian 13 root (JOBS=$jobs, no examples; ${pins[*]:-no pins})"
 rc=0
-debian_root_run "$root" "${pins[@]}" make -C /src test package TORCH=debian BUILD_DIR=build-debian13 \
+debian_root_run "$root" "${pins[@]}" make -C /src test package TORCH=debian BUILD_DIR=build-debian13 CONSUMER_TESTS=1 \
   JOBS="$jobs" CMAKE_ARGS=-DD2L_BUILD_EXAMPLES=OFF || rc=$?
 t2=$(date +%s)
 debian_say "root $((t1 - t0)) s, make test and package $((t2 - t1)) s, exit $rc"

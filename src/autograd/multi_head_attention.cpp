@@ -39,7 +39,8 @@ struct ForwardPass {
 
 // Biases are empty tensors when absent; `lens` as lengths_arg makes it.
 // In bfloat16 the four projections run in bfloat16 (ATen's matrix products,
-// which use the CPU's bfloat16 instructions or tiles) and the heads in float:
+// which use the CPU's bfloat16 instructions or tiles; in float, rounded
+// once, without AVX512-BF16: mm_over_threads) and the heads in float:
 // q, k and v are widened once, the weights and noise stay float, and the
 // heads' output is rounded to bfloat16 once, for the output projection
 // (Note [Small heads], bfloat16). Then q, k, v, weights and noise are in
