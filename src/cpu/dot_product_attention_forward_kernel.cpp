@@ -56,7 +56,8 @@ struct ForwardScratch {
 };
 
 // Batch entry b's keys and values as the products read them: in place, or
-// for bfloat16 the thread's float copies of its first `longest` rows.
+// for bfloat16 the thread's float copies of the rows below the entry's
+// longest length.
 template <typename T, typename In, typename Out>
 std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In, Out>& a,
                                                 ForwardScratch<T>& w, int64_t b) {
@@ -78,9 +79,10 @@ std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In, Out>& a
 
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc) (Qᵀ already multiplied by scale ·
 // kLogBase, Note [Base-2 exponentials in the flash kernel]), their
-// exponentials Pᵀ relative to the running maximum of each query, the sums and Oᵀ += Vᵀ Pᵀ, with Oᵀ
-// rescaled where a maximum grew. Entries of keys past a query's length are -inf before the maximum
-// and exactly 0 after the exponential, whatever the padding held.
+// exponentials Pᵀ relative to the running maximum of each query, the sums
+// and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled where a maximum grew. Entries of keys
+// past a query's length are -inf before the maximum and exactly 0 after the
+// exponential, whatever the padding held.
 template <typename T, typename In, typename Out>
 void attend_key_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, const T* k,
                       const T* v, int64_t j0, int64_t kc, bool all_valid) {
@@ -251,8 +253,7 @@ void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64
   } else {
     w.rows.resize(W * std::max(s.d, s.dv));
     transpose_into(ot, W, s.dv, s.dv, rows, w.rows.data(), s.dv);
-    Out* out = a.out + (b * s.n + i0) * s.dv;
-    for (int64_t e = 0; e < rows * s.dv; ++e) out[e] = static_cast<Out>(w.rows[e]);
+    store_row(w.rows.data(), a.out + (b * s.n + i0) * s.dv, rows * s.dv);
   }
   alignas(64) T lse[W];
   const V to_natural(FlashExp<T>::kInvLogBase);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu/gemm-inl.h"
+#include "cpu/parallel_runs-inl.h"
 #include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
@@ -106,7 +107,7 @@ struct Padded {
       if (ld == cols) return;
     }
     storage.assign(rows * ld, T(0));
-    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / ld), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, rows, grain_for(ld), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) widen(x + r * cols, cols, &storage[r * ld]);
     });
     data = storage.data();

@@ -67,7 +67,7 @@ const T* widened_row(const In* x, int64_t n, std::unique_ptr<T[]>& buffer) {
     return x;
   } else {
     if (!buffer) buffer = uninitialized_buffer<T>(n);
-    for (int64_t c = 0; c < n; ++c) buffer[c] = static_cast<T>(x[c]);
+    widen(x, n, buffer.get());
     return buffer.get();
   }
 }
