@@ -135,20 +135,14 @@ struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction
                       values.scalar_type() == torch::kBFloat16;
     if (bf16 && !dweights.defined()) {
       // The kernel reads the bfloat16 operands in place (and the forward's
-      // float output); the gradients come out in float.
+      // float output) and writes the gradients in bfloat16, made in float.
       const auto q = queries.contiguous(), k = keys.contiguous(), v = values.contiguous();
-      const auto as_float = q.options().dtype(torch::kFloat);
-      auto dq = empty_output(q.sizes(), as_float), dk = empty_output(k.sizes(), as_float),
-           dv = empty_output(v.sizes(), as_float);
+      auto dq = empty_output(q.sizes(), q.options()), dk = empty_output(k.sizes(), k.options()),
+           dv = empty_output(v.sizes(), v.options());
       cpu::dot_product_attention_kernels().backward_bf16(
           q, k, v, lens, scale, saved[4], as_dtype(dout, torch::kBFloat16).contiguous(), saved[5],
           dq, dk, dv);
-      return {as_dtype(dq, torch::kBFloat16),
-              as_dtype(dk, torch::kBFloat16),
-              as_dtype(dv, torch::kBFloat16),
-              none,
-              none,
-              none};
+      return {dq, dk, dv, none, none, none};
     }
     const auto q = compute_type(queries), k = compute_type(keys), v = compute_type(values);
     const auto dout_c = as_dtype(dout, q.scalar_type()).contiguous();

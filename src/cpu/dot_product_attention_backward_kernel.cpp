@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -38,18 +37,27 @@ struct BackwardScratch {
   std::vector<T> p, dp, dk, dv, dq, delta;
   std::vector<T> values;                     // a bfloat16 call's key block of V, widened
   T *dk_rows = nullptr, *dv_rows = nullptr;  // where the current key block accumulates
+  // The rows the tiles read, padded to whole tiles (padded_rows): batch
+  // entry `entry`'s Q and dO, and the current key block's K; in place where
+  // the operands already are, else the thread's copies (a batch entry's
+  // once, however many of its key blocks the thread takes).
+  int64_t entry = -1;
+  const T *q_rows = nullptr, *do_rows = nullptr, *k_rows = nullptr;
+  std::vector<T> queries, douts, keys;
   std::vector<int64_t> len;
   // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
   // one task, so nothing is packed twice).
   std::unique_ptr<T[]> kp, vtp;
   DqTarget<T> target;
 
-  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv, int64_t kb)
+  // in_place: whether dK and dV are of type T (else rows of a key block
+  // accumulate in dk and dv and are rounded once it is done).
+  BackwardScratch(const Dims& s, int64_t ldq, int64_t ldv, int64_t kb, bool in_place)
       : kb(kb),
         p(kQueryBlock * kb),
         dp(kQueryBlock * kb),
-        dk(ldq == s.d ? 0 : kb * ldq),
-        dv(ldv == s.dv ? 0 : kb * ldv),
+        dk(in_place && ldq == s.d ? 0 : kb * ldq),
+        dv(in_place && ldv == s.dv ? 0 : kb * ldv),
         dq(ldq == s.d ? 0 : kQueryBlock * ldq),
         delta(kQueryBlock),
         len(kQueryBlock),
@@ -68,10 +76,12 @@ void backward_pair(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t 
   const int64_t row0 = b * s.n + i0;
   // P and dP up to kc rounded to a vector: what exp_row and dS below read.
   const int64_t last_cols = kc - (tiles - 1) * W;
-  gemm<T>(rows, tiles, s.d, a.qpad + row0 * a.ldq, a.ldq, w.kp.get(), W, s.d * W, w.p.data(), w.kb,
-          false, last_cols);
-  gemm<T>(rows, tiles, s.dv, a.dopad + row0 * a.ldv, a.ldv, w.vtp.get(), W, s.dv * W, w.dp.data(),
-          w.kb, false, last_cols);
+  const T* q_rows = w.q_rows + i0 * a.ldq;
+  const T* do_rows = w.do_rows + i0 * a.ldv;
+  gemm<T>(rows, tiles, s.d, q_rows, a.ldq, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false,
+          last_cols);
+  gemm<T>(rows, tiles, s.dv, do_rows, a.ldv, w.vtp.get(), W, s.dv * W, w.dp.data(), w.kb, false,
+          last_cols);
   const V vscale(a.scale);
   for (int64_t r = 0; r < rows; ++r) {
     T* p = w.p.data() + r * w.kb;
@@ -94,13 +104,11 @@ void backward_pair(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t 
     if (j < kc) std::fill(ds + j, ds + kc, T(0));
   }
   // dV += Pᵀ dO and dK += dSᵀ Q, reading P and dS transposed.
-  gemm<T, true>(kc, a.ldv / W, rows, w.p.data(), w.kb, a.dopad + row0 * a.ldv, a.ldv, W,
-                w.dv_rows, a.ldv, true);
-  gemm<T, true>(kc, a.ldq / W, rows, w.dp.data(), w.kb, a.qpad + row0 * a.ldq, a.ldq, W,
-                w.dk_rows, a.ldq, true);
+  gemm<T, true>(kc, a.ldv / W, rows, w.p.data(), w.kb, do_rows, a.ldv, W, w.dv_rows, a.ldv, true);
+  gemm<T, true>(kc, a.ldq / W, rows, w.dp.data(), w.kb, q_rows, a.ldq, W, w.dk_rows, a.ldq, true);
   // dQ += dS K into the query block's rows under their lock: no per-thread
   // copy of dQ (nor a share of it, where its rows are whole tiles).
-  const T* kpad = a.kpad + (b * s.m + j0) * a.ldq;
+  const T* kpad = w.k_rows;
   T* dq_rows = w.target.rows(a, b) + i0 * s.d;
   const int64_t slot = b * div_up(s.n, kQueryBlock) + i0 / kQueryBlock;
   if (w.dq.empty()) {
@@ -124,7 +132,13 @@ template <typename T, typename In>
 void backward_block(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
                     int64_t kc) {
   const Dims& s = a.s;
-  pack_transposed(a.kpad + (b * s.m + j0) * a.ldq, kc, s.d, w.kp.get(), a.ldq);
+  if (w.entry != b) {
+    w.q_rows = padded_rows(a.q + b * s.n * s.d, s.n, s.d, a.ldq, w.queries);
+    w.do_rows = padded_rows(a.dout + b * s.n * s.dv, s.n, s.dv, a.ldv, w.douts);
+    w.entry = b;
+  }
+  w.k_rows = padded_rows(a.k + (b * s.m + j0) * s.d, kc, s.d, a.ldq, w.keys);
+  pack_transposed(w.k_rows, kc, s.d, w.kp.get(), a.ldq);
   // Kᵀ as the scores' product reads it: multiplied by scale · kLogBase (Note
   // [Base-2 exponentials in the flash kernel]); dQ reads K itself.
   scale_row(w.kp.get(), div_up(kc, kTileCols<T>) * kTileCols<T> * s.d,
@@ -136,8 +150,13 @@ void backward_block(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t
     widen(a.v + (b * s.m + j0) * s.dv, kc * s.dv, w.values.data());
     pack_transposed(w.values.data(), kc, s.dv, w.vtp.get());
   }
-  w.dk_rows = w.dk.empty() ? a.dk + (b * s.m + j0) * s.d : w.dk.data();
-  w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();
+  if constexpr (std::is_same_v<In, T>) {
+    w.dk_rows = w.dk.empty() ? a.dk + (b * s.m + j0) * s.d : w.dk.data();
+    w.dv_rows = w.dv.empty() ? a.dv + (b * s.m + j0) * s.dv : w.dv.data();
+  } else {
+    w.dk_rows = w.dk.data();
+    w.dv_rows = w.dv.data();
+  }
   std::fill_n(w.dk_rows, kc * a.ldq, T(0));
   std::fill_n(w.dv_rows, kc * a.ldv, T(0));
   const int64_t blocks = div_up(s.n, kQueryBlock);
@@ -151,18 +170,13 @@ void backward_block(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t
     }
     if (longest <= j0) continue;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = b * s.n + i0 + r;
-      w.delta[r] = dot(a.dopad + i * a.ldv, a.out + i * s.dv, s.dv);
+      w.delta[r] = dot(w.do_rows + (i0 + r) * a.ldv, a.out + (b * s.n + i0 + r) * s.dv, s.dv);
     }
     backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
   }
   for (int64_t j = 0; j < kc; ++j) {
-    if (!w.dk.empty()) {
-      std::memcpy(a.dk + (b * s.m + j0 + j) * s.d, w.dk.data() + j * a.ldq, s.d * sizeof(T));
-    }
-    if (!w.dv.empty()) {
-      std::memcpy(a.dv + (b * s.m + j0 + j) * s.dv, w.dv.data() + j * a.ldv, s.dv * sizeof(T));
-    }
+    if (!w.dk.empty()) narrow(w.dk.data() + j * a.ldq, s.d, a.dk + (b * s.m + j0 + j) * s.d);
+    if (!w.dv.empty()) narrow(w.dv.data() + j * a.ldv, s.dv, a.dv + (b * s.m + j0 + j) * s.dv);
   }
 }
 
@@ -200,9 +214,13 @@ inline bool backward_by_rows(int64_t n, int64_t longest) {
 }
 
 // The backward of a call whose operands (q, k, v, dout) are of type In: T,
-// or bfloat16 read in place by the rows and widened into the padded copies
-// of Q, K and dO (and a key block of V at a time) by the blocks. The
-// forward's output and lse, and the gradients, are T.
+// or bfloat16 read in place by the rows and widened by the blocks into the
+// thread's padded rows (padded_rows: a batch entry's Q and dO, a key block's
+// K and V). The
+// forward's output and lse are T; the gradients are In: dK's and dV's rows
+// made in T a key block at a time and rounded once by the task that owns
+// them (no whole-size float copy of them, no pass over it afterwards), dQ
+// made in a T buffer and rounded at the end.
 template <typename T, typename In>
 void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                     const at::TensorBase& lens, double scale, const at::TensorBase& out,
@@ -216,7 +234,17 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   // Keys at or past a batch entry's longest length get no gradient.
   std::vector<int64_t> batch_longest(s.B);
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
-  T *dqd = dq.data_ptr<T>(), *dkd = dk.data_ptr<T>(), *dvd = dv.data_ptr<T>();
+  // dQ in T: the output itself, or for bfloat16 a buffer rounded into it at
+  // the end (its sums span key blocks, so no block can round its rows).
+  std::unique_ptr<T[]> dq_wide;
+  T* dqd = nullptr;
+  if constexpr (std::is_same_v<In, T>) {
+    dqd = dq.data_ptr<T>();
+  } else {
+    dq_wide = uninitialized_buffer<T>(s.B * s.n * s.d);
+    dqd = dq_wide.get();
+  }
+  In *dkd = dk.data_ptr<In>(), *dvd = dv.data_ptr<In>();
   // The zeros of the gradients, in parallel where there are at least kGrain
   // of them: dq (which the tasks add their shares to) and the rows of dk and
   // dv past each batch entry's longest length (the tasks write the rows below
@@ -228,17 +256,16 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     for (int64_t b = b0; b < b1; ++b) {
       std::fill_n(dqd + b * s.n * s.d, s.n * s.d, T(0));
       const int64_t from = b * s.m + batch_longest[b], to = (b + 1) * s.m;
-      std::fill(dkd + from * s.d, dkd + to * s.d, T(0));
-      std::fill(dvd + from * s.dv, dvd + to * s.dv, T(0));
+      std::fill(dkd + from * s.d, dkd + to * s.d, In(0));
+      std::fill(dvd + from * s.dv, dvd + to * s.dv, In(0));
     }
   });
   const int64_t longest =
       batch_longest.empty() ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
   // A batch entry of a few queries runs row by row (backward_rows), which reads
-  // every operand in place: no padded copies.
+  // every operand in place: no padded rows.
   const bool rows_path = backward_by_rows(s.n, longest);
-  const Padded<T> qpad(qd, rows_path ? 0 : s.B * s.n, s.d),
-      kpad(kd, rows_path ? 0 : s.B * s.m, s.d), dopad(dod, rows_path ? 0 : s.B * s.n, s.dv);
+  const int64_t ldq = round_up_to_tile<T>(s.d), ldv = round_up_to_tile<T>(s.dv);
   // dQ's sums in a fixed order (Continuations) on the rows path, where a
   // run's share of an entry is n <= 12 rows, and wherever deterministic
   // algorithms are asked for (torch::use_deterministic_algorithms): there a
@@ -276,7 +303,10 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       costs.push_back(cost);
     }
   }
-  if (costs.empty()) return;
+  if (costs.empty()) {
+    if constexpr (!std::is_same_v<In, T>) std::fill_n(dq.data_ptr<In>(), s.B * s.n * s.d, In(0));
+    return;
+  }
   const std::vector<int64_t> bounds = run_bounds(costs);
   const Continuations continued = continuations(bounds, [&](int64_t t) { return task_b[t]; });
   // Where every shared entry can be summed in run order by scheduling alone
@@ -292,11 +322,8 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
                                  od,
                                  dod,
                                  lse.data_ptr<T>(),
-                                 qpad.data,
-                                 kpad.data,
-                                 dopad.data,
-                                 qpad.ld,
-                                 dopad.ld,
+                                 ldq,
+                                 ldv,
                                  row_lens,
                                  T(scale),
                                  dqd,
@@ -327,7 +354,7 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       }
       return;
     }
-    BackwardScratch<T> scratch(s, qpad.ld, dopad.ld, kb);
+    BackwardScratch<T> scratch(s, ldq, ldv, kb, std::is_same_v<In, T>);
     scratch.target = target_of(r);
     const auto run = [&](int64_t first, int64_t last) {
       for (int64_t t = first; t < last; ++t) {
@@ -355,6 +382,12 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
     }
   });
   add_shares(shared, shares.get(), share_size, [&](int64_t b) { return dqd + b * share_size; });
+  if constexpr (!std::is_same_v<In, T>) {
+    In* out = dq.data_ptr<In>();
+    at::parallel_for(0, s.B, grain_for(s.n * s.d), [&](int64_t b0, int64_t b1) {
+      narrow(dqd + b0 * s.n * s.d, (b1 - b0) * s.n * s.d, out + b0 * s.n * s.d);
+    });
+  }
 }
 
 }  // namespace

@@ -43,9 +43,11 @@ struct DotProductAttentionKernels {
                        const at::TensorBase& lens, double scale, const at::TensorBase& out,
                        const at::TensorBase& lse);
   /// backward on bfloat16 q, k, v and dout (out and lse float: the
-  /// forward's float output) into float dq, dk and dv: rows read every
-  /// operand in place; blocks widen Q, K and dO into the padded copies they
-  /// make anyway for whole tiles, and V a key block at a time.
+  /// forward's float output) into bfloat16 dq, dk and dv, made in float (dk
+  /// and dv a key block at a time) and rounded once: rows read every operand
+  /// in place; blocks widen a batch entry's Q and dO once a thread into the
+  /// rows padded to whole tiles their products read, and K and V a key block
+  /// at a time.
   void (*backward_bf16)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                         const at::TensorBase& lens, double scale, const at::TensorBase& out,
                         const at::TensorBase& dout, const at::TensorBase& lse,

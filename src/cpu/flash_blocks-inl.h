@@ -91,28 +91,22 @@ void widen(const In* x, int64_t n, T* out) {
   for (; c < n; ++c) out[c] = static_cast<T>(x[c]);
 }
 
-// A (rows × cols) matrix of T with its rows padded to `ld` = whole tiles: x
-// itself when it is of type T and cols already is, else a zero-padded copy
-// (of bfloat16 widened, in parallel).
-template <typename T>
-struct Padded {
-  std::vector<T> storage;
-  const T* data = nullptr;
-  int64_t ld;
-
-  template <typename In>
-  Padded(const In* x, int64_t rows, int64_t cols) : ld(round_up_to_tile<T>(cols)) {
-    if constexpr (std::is_same_v<In, T>) {
-      data = x;
-      if (ld == cols) return;
-    }
-    storage.assign(rows * ld, T(0));
-    at::parallel_for(0, rows, grain_for(ld), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) widen(x + r * cols, cols, &storage[r * ld]);
-    });
-    data = storage.data();
+// Rows of x (`cols` wide, of type T or bfloat16) as T with their rows
+// padded to `ld` = whole tiles: x itself where it already is, else a copy
+// into `buffer`, each element written once (widened, then the padding's
+// zeros).
+template <typename T, typename In>
+const T* padded_rows(const In* x, int64_t rows, int64_t cols, int64_t ld, std::vector<T>& buffer) {
+  if constexpr (std::is_same_v<In, T>) {
+    if (ld == cols) return x;
   }
-};
+  buffer.resize(rows * ld);
+  for (int64_t r = 0; r < rows; ++r) {
+    widen(x + r * cols, cols, buffer.data() + r * ld);
+    std::fill(buffer.data() + r * ld + cols, buffer.data() + (r + 1) * ld, T(0));
+  }
+  return buffer.data();
+}
 
 // s[0:valid] = exp(s - shift) in the flash kernel's base (FlashExp: scores
 // and shift already multiplied by scale · kLogBase) and s[valid:kc] = 0;
@@ -176,7 +170,8 @@ struct ForwardArgs {
 };
 
 // In: the operands' type, T or bfloat16 (read in place or widened into the
-// padded copies); the forward's output, lse and the gradients are T.
+// thread's padded rows); the forward's output, lse and dQ are T, dK and dV In
+// (made in T, rounded once a key block is done).
 template <typename T, typename In = T>
 struct BackwardArgs {
   Dims s;
@@ -184,11 +179,11 @@ struct BackwardArgs {
   const T* out;
   const In* dout;
   const T* lse;
-  const T *qpad, *kpad, *dopad;  // rows padded to ldq / ldq / ldv
-  int64_t ldq, ldv;
+  int64_t ldq, ldv;  // whole tiles of d and dv: the blocks' padded rows of Q, K and dO
   RowLengths lens;
   T scale;
-  T *dq, *dk, *dv;
+  T* dq;
+  In *dk, *dv;  // in the operands' type; dQ in T (its sums span tasks)
   // kDqLocks of them, a query block's rows of dQ taking one; null where
   // the sums are made deterministic (DqTarget) and no two threads add into
   // the same rows.

@@ -86,9 +86,7 @@ T* output_row(In* x, int64_t n, std::unique_ptr<T[]>& buffer) {
 
 template <typename T, typename In>
 void store_row(const T* row, In* x, int64_t n) {
-  if constexpr (!std::is_same_v<In, T>) {
-    for (int64_t c = 0; c < n; ++c) x[c] = static_cast<In>(row[c]);
-  }
+  if constexpr (!std::is_same_v<In, T>) narrow(row, n, x);
 }
 
 // out[0:cols] = factor · Σ_{j < L} p[j] V[j, 0:cols] for cols <= G vectors,
@@ -310,6 +308,9 @@ struct RowsScratch {
   explicit RowsScratch(const Dims& s)
       : dq_shares(s.n * s.d), p(Vectorized<T>::size()), ds(Vectorized<T>::size()) {}
   std::vector<T> dq_shares, p, ds;
+  // A bfloat16 call's rows of dK and dV for the key block, in T until the
+  // block is done.
+  std::vector<T> dk_block, dv_block;
   DqTarget<T> target;
   // A bfloat16 call's query and upstream gradient rows, widened.
   std::unique_ptr<T[]> query, dout;
@@ -329,7 +330,8 @@ struct RowsScratch {
 // batch entry's lock at the end. The block ends at the batch entry's
 // longest length, so every key of it is seen: the first query that sees a
 // key writes its rows of dK and dV and later ones add to them (no zero-fill
-// pass first). Lanes past a query's valid keys hold stale values and are
+// pass first); bfloat16 rows are made in T and rounded once the block is
+// done. Lanes past a query's valid keys hold stale values and are
 // never read.
 template <typename T, typename In>
 void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, int64_t j0,
@@ -340,8 +342,16 @@ void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, i
   const int64_t row0 = b * s.n;
   T *p = w.p.data(), *ds = w.ds.data();
   std::fill(w.dq_shares.begin(), w.dq_shares.end(), T(0));
-  T* dk = a.dk + (b * s.m + j0) * s.d;
-  T* dv = a.dv + (b * s.m + j0) * s.dv;
+  T *dk, *dv;
+  if constexpr (std::is_same_v<In, T>) {
+    dk = a.dk + (b * s.m + j0) * s.d;
+    dv = a.dv + (b * s.m + j0) * s.dv;
+  } else {
+    w.dk_block.resize(kc * s.d);
+    w.dv_block.resize(kc * s.dv);
+    dk = w.dk_block.data();
+    dv = w.dv_block.data();
+  }
   const In* k = a.k + (b * s.m + j0) * s.d;
   const In* v = a.v + (b * s.m + j0) * s.dv;
   const V vscale(a.scale), vscale_base(a.scale * FlashExp<T>::kLogBase);
@@ -376,6 +386,10 @@ void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, i
       }
     }
     written = std::max(written, valid);
+  }
+  if constexpr (!std::is_same_v<In, T>) {
+    narrow(dk, written * s.d, a.dk + (b * s.m + j0) * s.d);
+    narrow(dv, written * s.dv, a.dv + (b * s.m + j0) * s.dv);
   }
   T* dq = w.target.rows(a, b);
   const auto guard = dq_lock(a, b);
