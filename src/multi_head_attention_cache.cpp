@@ -32,6 +32,17 @@ MultiHeadAttentionCache MultiHeadAttentionCache::clone() const {
   return copy;
 }
 
+MultiHeadAttentionCache MultiHeadAttentionCache::select_rows(const torch::Tensor& index) const {
+  MultiHeadAttentionCache copy = *this;
+  if (keys_.defined()) {
+    // The whole buffers: the rows past length_ are at most as many as the
+    // filled ones, and one index_select is one pass.
+    copy.keys_ = keys_.index_select(0, index);
+    copy.values_ = values_.index_select(0, index);
+  }
+  return copy;
+}
+
 void MultiHeadAttentionCache::clear() { *this = MultiHeadAttentionCache(); }
 
 namespace {

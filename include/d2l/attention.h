@@ -7,6 +7,7 @@
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
 #include <d2l/encoder_decoder.h>
+#include <d2l/generate.h>
 #include <d2l/masked_softmax.h>
 #include <d2l/multi_head_attention.h>
 #include <d2l/nmt_data.h>

@@ -30,8 +30,26 @@ struct EncoderOutput {
 /// What a decoder keeps for itself from one call to the next beside the
 /// book's state: projections made once per decoding, buffers. Each decoder
 /// derives its own; callers only copy the pointer (DecoderState::cache).
+struct DecoderState;
+
 struct DecoderCache {
   virtual ~DecoderCache() = default;
+  /// The cache of `selected`, the state of batch rows `index` ((R) int64 on
+  /// the state's device) of `state`, which this cache serves
+  /// (d2l::select_rows calls it with every field of `selected` but
+  /// key_values selected already; an entry of key_values that it leaves as
+  /// `state`'s is selected after it, so a cache may set the entries it holds
+  /// to views of its own). With `same_sources`, row i of `index` comes from
+  /// the same source as row i (beam search): what depends on the source only
+  /// may be kept. Null (the default): no cache, the decoder rebuilds what
+  /// it needs from the book's fields.
+  virtual std::shared_ptr<DecoderCache> select_rows(const DecoderState& state,
+                                                    const torch::Tensor& index,
+                                                    DecoderState& selected,
+                                                    bool same_sources) const {
+    (void)state, (void)index, (void)selected, (void)same_sources;
+    return nullptr;
+  }
 };
 
 /// The state a decoder carries from one `forward` call to the next (the book's

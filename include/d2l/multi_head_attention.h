@@ -286,6 +286,10 @@ class MultiHeadAttentionCache {
   torch::Tensor values() const;
   /// A copy with buffers of its own.
   MultiHeadAttentionCache clone() const;
+  /// A cache of the batch rows `index` of this one ((R) int64 on the
+  /// buffers' device; rows may repeat), with buffers of its own of the same
+  /// capacity: beam search reorders its hypotheses' keys and values this way.
+  MultiHeadAttentionCache select_rows(const torch::Tensor& index) const;
   /// Forgets every key (the buffers go too).
   void clear();
   /// Whether forward_cached and extend_cache read the bytes of W_k and W_v

@@ -56,6 +56,18 @@ void check_attention_state(const char* fn, const DecoderState& state, int64_t ba
 struct AttentionKeysCache : DecoderCache {
   torch::Tensor source, projected_keys;
   detail::WeightSignature weights;
+
+  // The keys of the selected rows (kept with same_sources: a source's rows
+  // have the same keys), for the selected enc_outputs.
+  std::shared_ptr<DecoderCache> select_rows(const DecoderState& state, const torch::Tensor& index,
+                                            DecoderState& selected,
+                                            bool same_sources) const override {
+    if (!source.is_same(state.enc_outputs)) return nullptr;
+    auto out = std::make_shared<AttentionKeysCache>(*this);
+    out->source = selected.enc_outputs;
+    if (!same_sources) out->projected_keys = projected_keys.index_select(0, index);
+    return out;
+  }
 };
 
 // The state's projected keys: its cache's when made from its enc_outputs,

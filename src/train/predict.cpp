@@ -1,5 +1,6 @@
 // The book's predict_seq2seq (greedy decoding) and bleu.
 
+#include <d2l/generate.h>
 #include <d2l/train.h>
 
 #include <c10/util/Exception.h>
@@ -48,34 +49,32 @@ std::pair<std::string, std::vector<torch::Tensor>> predict_seq2seq(
   TORCH_CHECK(eos != Vocab::unk() && bos != Vocab::unk(), fn,
               ": tgt_vocab must hold <bos> and <eos>");
   net.eval();
-  torch::NoGradGuard no_grad;
   std::string lowered = src_sentence;
   for (auto& c : lowered) {
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
   }
   auto src_tokens = src_vocab[split_on_space(lowered)];
   src_tokens.push_back(src_vocab["<eos>"]);
-  const auto valid = std::min<int64_t>(static_cast<int64_t>(src_tokens.size()), num_steps);
-  const auto enc_valid_len =
-      torch::tensor({valid}, torch::TensorOptions(device).dtype(torch::kLong));
-  const auto padded = truncate_pad(src_tokens, num_steps, src_vocab["<pad>"]);
-  const auto enc_X =
-      torch::tensor(padded, torch::TensorOptions(device).dtype(torch::kLong)).unsqueeze(0);
-  auto dec_state =
-      net.decoder->init_state(net.encoder->forward(enc_X, enc_valid_len), enc_valid_len);
-  auto dec_X = torch::full({1, 1}, bos, torch::TensorOptions(device).dtype(torch::kLong));
-  std::vector<int64_t> output_seq;
+  // The book's loop is greedy decoding of one source padded to num_steps.
+  auto options = GenerationOptions()
+                     .max_length(num_steps)
+                     .start_id(bos)
+                     .end_id(eos)
+                     .pad_id(src_vocab["<pad>"])
+                     .source_length(num_steps)
+                     .return_attention(save_attention_weights);
+  if (on_step) {
+    options.callback([&](int64_t step, int64_t, int64_t token) { on_step(step, token); });
+  }
+  (void)device;  // the model's own: generate puts the source where its parameters are
+  auto hypothesis =
+      std::move(generate(*net.encoder, *net.decoder, {src_tokens}, options)[0].hypotheses[0]);
+  const auto& output_seq = hypothesis.tokens;
   std::vector<torch::Tensor> attention_weight_seq;
-  for (int64_t step = 0; step < num_steps; ++step) {
-    torch::Tensor Y;
-    std::tie(Y, dec_state) = net.decoder->forward(dec_X, dec_state);
-    dec_X = Y.argmax(2);
-    const int64_t pred = dec_X.item<int64_t>();
-    if (save_attention_weights)
-      attention_weight_seq.push_back(attention_decoder->attention_weights()[0]);
-    if (on_step) on_step(step, pred);
-    if (pred == eos) break;
-    output_seq.push_back(pred);
+  if (save_attention_weights) {
+    for (const auto& step : hypothesis.attention.unbind(0)) {
+      attention_weight_seq.push_back(step.unsqueeze(-2));
+    }
   }
   std::string translation;
   for (size_t i = 0; i < output_seq.size(); ++i) {

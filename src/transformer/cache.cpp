@@ -26,4 +26,35 @@ void BlockCache::append_inputs(const torch::Tensor& X) {
 
 torch::Tensor BlockCache::filled_inputs() const { return inputs.narrow(1, 0, length); }
 
+std::shared_ptr<DecoderCache> TransformerDecoderCache::select_rows(const DecoderState& state,
+                                                                   const torch::Tensor& index,
+                                                                   DecoderState& selected,
+                                                                   bool same_sources) const {
+  auto out = std::make_shared<TransformerDecoderCache>();
+  out->blocks.resize(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto& block = blocks[i];
+    if (!block) continue;
+    // A block that does not serve the state (it is rebuilt at the next
+    // step anyway) is left out.
+    if (i >= state.key_values.size() || !block->serves(state.key_values[i])) continue;
+    auto fresh = std::make_shared<BlockCache>();
+    if (block->length > 0) {
+      fresh->inputs = block->inputs.index_select(0, index);
+      fresh->length = block->length;
+      selected.key_values[i] = fresh->filled_inputs();
+    }
+    fresh->self_attention = block->self_attention.select_rows(index);
+    if (same_sources) {
+      fresh->cross_source = block->cross_source;
+      fresh->cross_attention = block->cross_attention;
+    } else if (block->cross_source.defined()) {
+      fresh->cross_attention = block->cross_attention.select_rows(index);
+      fresh->cross_source = selected.enc_outputs;
+    }
+    out->blocks[i] = std::move(fresh);
+  }
+  return out;
+}
+
 }  // namespace d2l::detail

@@ -21,7 +21,10 @@
 // key_values set by the caller) the block builds a new cache from the state's
 // key_values. So a state can be advanced any number of times, each giving the
 // numbers the book's code gives. Advancing states of one decoding from
-// several threads at once is not supported.
+// several threads at once is not supported. d2l::select_rows (generation's
+// batches and beams) selects the cache's rows with the state's
+// (TransformerDecoderCache::select_rows), so a reordered state is served
+// without projecting its past again.
 
 #include <d2l/encoder_decoder.h>
 #include <d2l/multi_head_attention.h>
@@ -54,6 +57,14 @@ struct BlockCache {
 
 struct TransformerDecoderCache : DecoderCache {
   std::vector<std::shared_ptr<BlockCache>> blocks;
+
+  /// Each block's inputs and self-attention keys and values selected (the
+  /// state's key_values[i] become views of the new inputs, so that the
+  /// blocks serve it); the encoder-decoder attention's projections too,
+  /// unless same_sources.
+  std::shared_ptr<DecoderCache> select_rows(const DecoderState& state, const torch::Tensor& index,
+                                            DecoderState& selected,
+                                            bool same_sources) const override;
 };
 
 }  // namespace d2l::detail

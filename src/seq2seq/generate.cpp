@@ -1,0 +1,474 @@
+// Generation with an encoder-decoder (include/d2l/generate.h): batched
+// greedy decoding, beam search and sampling over the Encoder and Decoder
+// interfaces, and select_rows, which carries a state's rows (and its
+// decoder's cache) into a smaller or reordered batch. Note [Generation].
+
+#include <d2l/generate.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "checks.h"
+
+// Note [Generation]
+// One call encodes its sources once, as one batch padded to a common length,
+// and decodes them step by step: each step runs the decoder once on the
+// last token of every live row. A row is a (source, hypothesis) pair: one a
+// source for greedy decoding and sampling, beam_size of them for beam
+// search. What a row carries from step to step is the decoder's state,
+// whose rows follow the rows of the batch through select_rows: when a
+// source is done its rows leave the batch (later steps pay for live rows
+// only), and when beam search keeps other hypotheses than it had, the rows
+// are reordered by index. The library's decoders keep caches (projected
+// encoder outputs and self-attention keys and values) whose rows
+// select_rows selects too, so no step projects the past again; with
+// same_sources (a reorder within each source's rows) what depends on the
+// source only is not copied. What one step of beam search copies: for the
+// Transformer, each block's inputs and self-attention keys and values so
+// far (as much as the step's attention reads); for the GRU decoders, their
+// hidden state.
+//
+// Beam search keeps, per source, the beam_size best live hypotheses by
+// their log-probability. At each step every live hypothesis is extended by
+// every token; of the candidates in order (log-probability, then earlier
+// hypothesis, then smaller token id), those ending in <eos> among the first
+// beam_size become finished hypotheses, scored log P / L^α (L counting the
+// <eos>), and the first beam_size not ending in <eos> stay live. A source
+// is done when it has num_hypotheses finished hypotheses and no live one can
+// score above the worst of them: a live hypothesis of log-probability c
+// (<= 0) can reach at most c / max_length^α, since extending it only lowers
+// c, and α >= 0. At max_length the live hypotheses finish unfinished. With a
+// beam that holds every prefix, this is exhaustive search.
+
+namespace d2l {
+
+DecoderState select_rows(const DecoderState& state, const torch::Tensor& index, bool same_sources) {
+  const auto pick = [&](const torch::Tensor& t, int64_t dim) {
+    return t.defined() ? t.index_select(dim, index) : t;
+  };
+  DecoderState selected;
+  selected.hidden_state = pick(state.hidden_state, 1);
+  if (same_sources) {
+    selected.enc_outputs = state.enc_outputs;
+    selected.enc_valid_lens = state.enc_valid_lens;
+    selected.enc_key_padding_mask = state.enc_key_padding_mask;
+  } else {
+    selected.enc_outputs = pick(state.enc_outputs, 0);
+    selected.enc_valid_lens = pick(state.enc_valid_lens, 0);
+    selected.enc_key_padding_mask = pick(state.enc_key_padding_mask, 0);
+  }
+  selected.key_values = state.key_values;
+  if (state.cache) selected.cache = state.cache->select_rows(state, index, selected, same_sources);
+  for (size_t i = 0; i < state.key_values.size(); ++i) {
+    const auto& old = state.key_values[i];
+    if (old.defined() && selected.key_values[i].is_same(old)) {
+      selected.key_values[i] = old.index_select(0, index);
+    }
+  }
+  return selected;
+}
+
+namespace {
+
+constexpr const char* kFn = "d2l::generate";
+
+void check_options(const GenerationOptions& o) {
+  TORCH_CHECK(o.max_length() > 0,
+              fmt::format("{}: max_length must be positive, got {}", kFn, o.max_length()));
+  TORCH_CHECK(o.min_length() >= 0 && o.min_length() <= o.max_length(),
+              fmt::format("{}: min_length must be in [0, max_length={}], got {}", kFn,
+                          o.max_length(), o.min_length()));
+  TORCH_CHECK(
+      o.beam_size() >= 1 && o.beam_size() <= kMaxBeamSize,
+      fmt::format("{}: beam_size must be in [1, {}], got {}", kFn, kMaxBeamSize, o.beam_size()));
+  TORCH_CHECK(o.num_hypotheses() >= 1 && o.num_hypotheses() <= o.beam_size(),
+              fmt::format("{}: num_hypotheses must be in [1, beam_size={}], got {}", kFn,
+                          o.beam_size(), o.num_hypotheses()));
+  TORCH_CHECK(std::isfinite(o.length_penalty()) && o.length_penalty() >= 0,
+              fmt::format("{}: length_penalty must be finite and not negative, got {}", kFn,
+                          o.length_penalty()));
+  TORCH_CHECK(o.sampling_topk() >= 0,
+              fmt::format("{}: sampling_topk must be 0 (every token) or positive, got {}", kFn,
+                          o.sampling_topk()));
+  TORCH_CHECK(o.sampling_topp() > 0 && o.sampling_topp() <= 1,
+              fmt::format("{}: sampling_topp must be in (0, 1], got {}", kFn, o.sampling_topp()));
+  TORCH_CHECK(std::isfinite(o.temperature()) && o.temperature() > 0,
+              fmt::format("{}: temperature must be positive, got {}", kFn, o.temperature()));
+  const bool sampling = o.sampling_topk() != 1;
+  TORCH_CHECK(!sampling || o.beam_size() == 1,
+              fmt::format("{}: sampling (sampling_topk={}) needs beam_size 1, got {}", kFn,
+                          o.sampling_topk(), o.beam_size()));
+  TORCH_CHECK(!o.callback() || o.beam_size() == 1,
+              fmt::format("{}: callback is called by greedy decoding and sampling only, got "
+                          "beam_size {}",
+                          kFn, o.beam_size()));
+  TORCH_CHECK(o.start_id() >= 0 && o.end_id() >= 0 && o.pad_id() >= 0,
+              fmt::format("{}: start_id, end_id and pad_id must be set (the target's <bos> and "
+                          "<eos>, the source's <pad>), got {}, {} and {}",
+                          kFn, o.start_id(), o.end_id(), o.pad_id()));
+  TORCH_CHECK(o.source_length() >= 0,
+              fmt::format("{}: source_length must be 0 (the longest source) or positive, got {}",
+                          kFn, o.source_length()));
+}
+
+// The number of rows of `weight` of the first parameter named `name` (an
+// embedding's vocabulary), or -1.
+int64_t rows_of(const torch::nn::Module& m, const std::string& name) {
+  for (const auto& p : m.named_parameters()) {
+    if (p.key() == name && p.value().dim() == 2) return p.value().size(0);
+  }
+  return -1;
+}
+
+// Evaluation mode for the call, each module's own mode restored after it.
+// Module::train sets a module's children too, so the modes are restored
+// parents first (modules() lists a module before its children): each
+// module's own call comes after its ancestors'. A model already in
+// evaluation mode is not written to at all (threads may share it).
+class EvalGuard {
+ public:
+  explicit EvalGuard(const std::vector<torch::nn::Module*>& roots) {
+    bool training = false;
+    for (auto* root : roots) {
+      for (const auto& m : root->modules(/*include_self=*/true)) {
+        modes_.emplace_back(m, m->is_training());
+        training = training || m->is_training();
+      }
+    }
+    if (!training) {
+      modes_.clear();
+      return;
+    }
+    for (auto* root : roots) root->eval();
+  }
+  ~EvalGuard() {
+    for (const auto& [m, training] : modes_) m->train(training);
+  }
+  EvalGuard(const EvalGuard&) = delete;
+  EvalGuard& operator=(const EvalGuard&) = delete;
+
+ private:
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
+};
+
+struct Hyp {
+  std::vector<int64_t> tokens;
+  std::vector<double> log_probs;
+  std::vector<torch::Tensor> attention;
+  double log_prob = 0;  // the sum of log_probs
+};
+
+double normalized(double log_prob, int64_t length, double alpha) {
+  return alpha == 0 ? log_prob : log_prob / std::pow(static_cast<double>(length), alpha);
+}
+
+GenerationHypothesis finish(Hyp&& h, bool finished, double alpha, const GenerationOptions& o) {
+  GenerationHypothesis out;
+  const auto length = static_cast<int64_t>(h.log_probs.size());
+  out.score = normalized(h.log_prob, length, alpha);
+  out.finished = finished;
+  out.tokens = std::move(h.tokens);
+  if (finished) out.tokens.pop_back();  // the <eos>
+  if (o.return_log_probs()) out.log_probs = std::move(h.log_probs);
+  if (o.return_attention() && !h.attention.empty()) out.attention = torch::stack(h.attention);
+  return out;
+}
+
+// The attention weights of the decoder's last call at its last step,
+// (R, ..., num_enc_steps): attention_weights() is (R, ..., steps,
+// num_enc_steps).
+torch::Tensor step_attention(const AttentionDecoder* decoder, int64_t rows) {
+  const auto w = decoder->attention_weights();
+  TORCH_CHECK(w.defined() && w.dim() >= 3 && w.size(0) == rows,
+              fmt::format("{}: return_attention: the decoder's attention_weights() must be "
+                          "(batch={}, ..., steps, num_enc_steps), got {}",
+                          kFn, rows, detail::shape_of(w)));
+  return w.select(-2, -1);
+}
+
+struct Source {
+  int64_t index;          // in the call
+  std::vector<Hyp> live;  // its rows, in batch order
+  std::vector<GenerationHypothesis> finished;
+  bool done = false;
+};
+
+}  // namespace
+
+std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
+                                       const std::vector<std::vector<int64_t>>& sources,
+                                       const GenerationOptions& o) {
+  check_options(o);
+  auto& encoder_module = encoder.as_module();
+  auto& decoder_module = decoder.as_module();
+  TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
+  const int64_t source_vocab = rows_of(encoder_module, "embedding.weight");
+  const int64_t target_vocab = rows_of(decoder_module, "embedding.weight");
+  int64_t longest = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& s = sources[i];
+    TORCH_CHECK(!s.empty(), fmt::format("{}: sources[{}] is empty: a source holds at least its "
+                                        "<eos>",
+                                        kFn, i));
+    for (size_t t = 0; t < s.size(); ++t) {
+      TORCH_CHECK(s[t] >= 0 && (source_vocab < 0 || s[t] < source_vocab),
+                  fmt::format("{}: sources[{}][{}] is {}, outside the encoder's vocabulary [0, {})",
+                              kFn, i, t, s[t], source_vocab));
+    }
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
+  }
+  if (source_vocab >= 0) {
+    TORCH_CHECK(o.pad_id() < source_vocab,
+                fmt::format("{}: pad_id {} is outside the encoder's vocabulary [0, {})", kFn,
+                            o.pad_id(), source_vocab));
+  }
+  if (target_vocab >= 0) {
+    TORCH_CHECK(o.start_id() < target_vocab && o.end_id() < target_vocab,
+                fmt::format("{}: start_id {} and end_id {} must be in the decoder's vocabulary "
+                            "[0, {})",
+                            kFn, o.start_id(), o.end_id(), target_vocab));
+  }
+  const auto* attention_decoder = dynamic_cast<const AttentionDecoder*>(&decoder);
+  TORCH_CHECK(!o.return_attention() || attention_decoder != nullptr,
+              fmt::format("{}: return_attention needs a d2l::AttentionDecoder, got a decoder "
+                          "without attention weights",
+                          kFn));
+
+  const EvalGuard eval({&encoder_module, &decoder_module});
+  torch::NoGradGuard no_grad;
+  torch::Device device = torch::kCPU;
+  for (const auto& p : encoder_module.parameters()) {
+    device = p.device();
+    break;
+  }
+  const auto long_options = torch::TensorOptions(device).dtype(torch::kLong);
+
+  // The batch: sources padded (or cut) to one length.
+  const auto B = static_cast<int64_t>(sources.size());
+  const int64_t S = o.source_length() > 0 ? o.source_length() : longest;
+  std::vector<int64_t> tokens(B * S, o.pad_id()), valid(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& s = sources[static_cast<size_t>(b)];
+    valid[b] = std::min<int64_t>(static_cast<int64_t>(s.size()), S);
+    std::copy_n(s.begin(), valid[b], tokens.begin() + b * S);
+  }
+  const auto enc_X = torch::tensor(tokens, long_options).view({B, S});
+  const auto enc_valid_lens = torch::tensor(valid, long_options);
+  auto state = decoder.init_state(encoder.forward(enc_X, enc_valid_lens), enc_valid_lens);
+
+  const int64_t k = o.beam_size();
+  const double alpha = o.length_penalty();
+  const bool sampling = o.sampling_topk() != 1;
+  at::Generator generator;
+  if (sampling) generator = at::detail::createCPUGenerator(o.seed());
+
+  std::vector<Source> live_sources(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    live_sources[b].index = b;
+    live_sources[b].live.resize(1);  // beam search starts from one hypothesis
+  }
+  std::vector<GenerationResult> results(static_cast<size_t>(B));
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
+
+  for (int64_t step = 0; step < o.max_length() && !live_sources.empty(); ++step) {
+    // The rows' last tokens.
+    std::vector<int64_t> last;
+    for (const auto& src : live_sources) {
+      for (const auto& h : src.live)
+        last.push_back(h.tokens.empty() ? o.start_id() : h.tokens.back());
+    }
+    const auto R = static_cast<int64_t>(last.size());
+    torch::Tensor Y;
+    std::tie(Y, state) = decoder.forward(torch::tensor(last, long_options).view({R, 1}), state);
+    TORCH_CHECK(Y.dim() == 3 && Y.size(0) == R && Y.size(1) == 1,
+                fmt::format("{}: the decoder must return logits (batch={}, 1, vocab_size) for one "
+                            "step, got {}",
+                            kFn, R, detail::shape_of(Y)));
+    const int64_t V = Y.size(2);
+    TORCH_CHECK(
+        o.end_id() < V && o.start_id() < V,
+        fmt::format("{}: start_id {} and end_id {} must be below the decoder's vocab_size {}", kFn,
+                    o.start_id(), o.end_id(), V));
+    auto logits = Y.select(1, 0).to(torch::kCPU, torch::kFloat).contiguous();
+    if (step < o.min_length()) logits.select(1, o.end_id()).fill_(kNone);
+    const auto log_probs = torch::log_softmax(logits, 1).contiguous();
+    const float* lp = log_probs.data_ptr<float>();
+    const float* lg = logits.data_ptr<float>();
+    const auto attention =
+        o.return_attention() ? step_attention(attention_decoder, R) : torch::Tensor();
+    // Each row's source, to tell a reorder within sources from any other.
+    std::vector<int64_t> source_of;
+
+    // Choose each row's token (greedy, sampling) or each source's
+    // hypotheses (beam search); `parents` are the rows the next step's rows
+    // continue.
+    std::vector<int64_t> parents;
+    std::vector<Source> next_sources;
+    std::vector<int64_t> order;  // a row's tokens, best first (beam search)
+    int64_t row0 = 0;
+    for (auto& src : live_sources) {
+      const auto rows = static_cast<int64_t>(src.live.size());
+      const auto attention_of = [&](int64_t r) { return attention[r].clone(); };
+      source_of.insert(source_of.end(), static_cast<size_t>(rows), src.index);
+      if (k == 1) {
+        auto& h = src.live[0];
+        const float* row_lp = lp + row0 * V;
+        int64_t token = 0;
+        if (!sampling) {
+          const float* row = lg + row0 * V;
+          token = std::max_element(row, row + V) - row;  // the first maximum, as argmax
+        } else {
+          auto p = log_probs.select(0, row0);
+          if (o.temperature() != 1)
+            p = torch::log_softmax(logits.select(0, row0) / o.temperature(), 0);
+          p = p.exp();
+          if (o.sampling_topk() > 0 && o.sampling_topk() < V) {
+            const auto kth = std::get<0>(p.topk(o.sampling_topk())).min();
+            p = p.masked_fill(p < kth, 0);
+          }
+          if (o.sampling_topp() < 1) {
+            const auto [sorted, order] = p.sort(/*dim=*/0, /*descending=*/true);
+            const auto before = sorted.cumsum(0) - sorted;  // mass of the tokens ranked above
+            p = p.index_fill(0, order.masked_select(before >= o.sampling_topp()), 0);
+          }
+          token = torch::multinomial(p, 1, false, generator).item<int64_t>();
+        }
+        h.tokens.push_back(token);
+        h.log_probs.push_back(row_lp[token]);
+        h.log_prob += row_lp[token];
+        if (o.return_attention()) h.attention.push_back(attention_of(row0));
+        if (o.callback()) o.callback()(step, src.index, token);
+        if (token == o.end_id()) {
+          src.finished.push_back(finish(std::move(h), true, alpha, o));
+          src.done = true;
+        } else {
+          parents.push_back(row0);
+        }
+      } else {
+        // Candidates (log P, row, token) in order: larger log P first, then
+        // earlier row, then smaller token.
+        struct Candidate {
+          double log_prob;
+          int64_t row, token;
+        };
+        // Only a row's own 2k best tokens can be among its source's 2k
+        // best candidates.
+        const int64_t per_row = std::min<int64_t>(V, 2 * k);
+        std::vector<Candidate> candidates;
+        candidates.reserve(static_cast<size_t>(rows * per_row));
+        order.resize(static_cast<size_t>(V));
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* row_lp = lp + (row0 + r) * V;
+          std::iota(order.begin(), order.end(), 0);
+          std::partial_sort(order.begin(), order.begin() + per_row, order.end(),
+                            [row_lp](int64_t a, int64_t b) {
+                              return row_lp[a] != row_lp[b] ? row_lp[a] > row_lp[b] : a < b;
+                            });
+          for (int64_t i = 0; i < per_row; ++i) {
+            const int64_t v = order[static_cast<size_t>(i)];
+            if (row_lp[v] == kNone) break;
+            candidates.push_back({src.live[r].log_prob + row_lp[v], r, v});
+          }
+        }
+        const auto better = [](const Candidate& a, const Candidate& b) {
+          if (a.log_prob != b.log_prob) return a.log_prob > b.log_prob;
+          if (a.row != b.row) return a.row < b.row;
+          return a.token < b.token;
+        };
+        const auto take = std::min<size_t>(candidates.size(), static_cast<size_t>(2 * k));
+        std::partial_sort(candidates.begin(), candidates.begin() + take, candidates.end(), better);
+        std::vector<Hyp> kept;
+        for (size_t c = 0; c < take && static_cast<int64_t>(kept.size()) < k; ++c) {
+          const auto& cand = candidates[c];
+          Hyp h = src.live[cand.row];
+          h.tokens.push_back(cand.token);
+          const double token_lp = lp[(row0 + cand.row) * V + cand.token];
+          h.log_probs.push_back(token_lp);
+          h.log_prob = cand.log_prob;
+          if (o.return_attention()) h.attention.push_back(attention_of(row0 + cand.row));
+          if (cand.token == o.end_id()) {
+            if (c < static_cast<size_t>(k))
+              src.finished.push_back(finish(std::move(h), true, alpha, o));
+          } else {
+            kept.push_back(std::move(h));
+            parents.push_back(row0 + cand.row);
+          }
+        }
+        src.live = std::move(kept);
+        // Done: enough finished hypotheses that no live one can beat.
+        if (static_cast<int64_t>(src.finished.size()) >= o.num_hypotheses()) {
+          std::vector<double> scores;
+          for (const auto& f : src.finished) scores.push_back(f.score);
+          std::nth_element(scores.begin(), scores.begin() + (o.num_hypotheses() - 1), scores.end(),
+                           std::greater<>());
+          const double worst_kept = scores[static_cast<size_t>(o.num_hypotheses() - 1)];
+          double best_live = kNone;
+          for (const auto& h : src.live) {
+            best_live = std::max(best_live, normalized(h.log_prob, o.max_length(), alpha));
+          }
+          if (best_live <= worst_kept) src.done = true;
+        }
+        if (src.done || src.live.empty()) {
+          // Its rows leave the batch.
+          parents.resize(parents.size() - src.live.size());
+          src.done = true;
+        }
+      }
+      row0 += rows;
+      if (src.done) {
+        // Live hypotheses of a done source are worse than its finished
+        // ones (or there are none); they are not returned.
+        auto& out = results[static_cast<size_t>(src.index)].hypotheses;
+        out = std::move(src.finished);
+      } else {
+        next_sources.push_back(std::move(src));
+      }
+    }
+    live_sources = std::move(next_sources);
+    if (live_sources.empty() || step + 1 == o.max_length()) break;
+    // The next step's rows: the same rows (nothing to do), or fewer, or
+    // reordered.
+    bool identity = static_cast<int64_t>(parents.size()) == R;
+    bool same_sources = identity;
+    for (size_t i = 0; same_sources && i < parents.size(); ++i) {
+      identity = identity && parents[i] == static_cast<int64_t>(i);
+      same_sources = source_of[static_cast<size_t>(parents[i])] == source_of[i];
+    }
+    if (!identity) state = select_rows(state, torch::tensor(parents, long_options), same_sources);
+  }
+  // Sources still live at max_length: their live hypotheses finish
+  // unfinished.
+  for (auto& src : live_sources) {
+    for (auto& h : src.live) src.finished.push_back(finish(std::move(h), false, alpha, o));
+    results[static_cast<size_t>(src.index)].hypotheses = std::move(src.finished);
+  }
+  for (auto& r : results) {
+    auto& hyps = r.hypotheses;
+    std::stable_sort(hyps.begin(), hyps.end(),
+                     [](const auto& a, const auto& b) { return a.score > b.score; });
+    if (static_cast<int64_t>(hyps.size()) > o.num_hypotheses()) hyps.resize(o.num_hypotheses());
+  }
+  return results;
+}
+
+std::vector<GenerationResult> generate(EncoderDecoderImpl& net,
+                                       const std::vector<std::vector<int64_t>>& sources,
+                                       const GenerationOptions& options) {
+  return generate(*net.encoder, *net.decoder, sources, options);
+}
+
+std::vector<GenerationResult> generate(v1::EncoderDecoderImpl& net,
+                                       const std::vector<std::vector<int64_t>>& sources,
+                                       const GenerationOptions& options) {
+  return generate(*net.encoder, *net.decoder, sources, options);
+}
+
+}  // namespace d2l
