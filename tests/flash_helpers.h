@@ -4,6 +4,7 @@
 // fixture, the calls of each path and the comparison with the composite
 // oracle, and the sizes and lengths the tests sweep.
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <d2l/dot_product_attention.h>
 
@@ -144,5 +145,28 @@ inline std::vector<torch::Tensor> in_dtype(const std::vector<torch::Tensor>& qkv
                                            torch::ScalarType dtype) {
   return {qkv[0].to(dtype), qkv[1].to(dtype), qkv[2].to(dtype)};
 }
+
+// The intra-op thread count and torch's deterministic-algorithms flag for a
+// scope, both restored after it.
+class ThreadsAndDeterminism {
+ public:
+  ThreadsAndDeterminism(int threads, bool deterministic)
+      : threads_(at::get_num_threads()),
+        deterministic_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    at::set_num_threads(threads);
+    at::globalContext().setDeterministicAlgorithms(deterministic, false);
+  }
+  ~ThreadsAndDeterminism() {
+    at::set_num_threads(threads_);
+    at::globalContext().setDeterministicAlgorithms(deterministic_, warn_only_);
+  }
+  ThreadsAndDeterminism(const ThreadsAndDeterminism&) = delete;
+  ThreadsAndDeterminism& operator=(const ThreadsAndDeterminism&) = delete;
+
+ private:
+  int threads_;
+  bool deterministic_, warn_only_;
+};
 
 }  // namespace d2l::testing

@@ -161,7 +161,6 @@ TEST_P(FlashBf16, BelowAvx512Bf16OperandsAreReadInPlace) {
   torch::manual_seed(64);
   const std::vector<Sizes> cases = {{3, 1, 700, 64, 64}, {2, 5, 45, 7, 9},     {1, 1, 2100, 40, 72},
                                     {2, 6, 40, 16, 16},  {2, 37, 300, 33, 17}, {1, 80, 80, 64, 64}};
-  const int saved = at::get_num_threads();
   for (const auto& c : cases) {
     const auto qkv = rounded({torch::randn({c.B, c.n, c.d}, torch::kDouble) * 1.5,
                               torch::randn({c.B, c.m, c.d}, torch::kDouble),
@@ -171,7 +170,10 @@ TEST_P(FlashBf16, BelowAvx512Bf16OperandsAreReadInPlace) {
     const auto G = torch::randn({c.B, c.n, c.dv}).to(torch::kBFloat16);
     for (const auto& lens : lengths_for(c)) {
       for (const int threads : {1, 2}) {
-        at::set_num_threads(threads);
+        // dQ's sums in a fixed order at 2 threads: else a batch entry split
+        // over both threads adds its key blocks' shares in the order the
+        // threads reach its lock, which may differ between the two calls.
+        const d2l::testing::ThreadsAndDeterminism scope(threads, /*deterministic=*/true);
         const auto what = fmt::format("B={} n={} m={} d={} dv={} threads {} lengths {}", c.B, c.n,
                                       c.m, c.d, c.dv, threads, lens.defined() ? lens.dim() : -1);
         const auto expected = run(wide, lens, AttentionBackend::kFused, G.to(torch::kFloat));
@@ -187,7 +189,6 @@ TEST_P(FlashBf16, BelowAvx512Bf16OperandsAreReadInPlace) {
       }
     }
   }
-  at::set_num_threads(saved);
 }
 
 // Where the bfloat16 kernel runs, the widened float kernel (the instruction

@@ -35,31 +35,9 @@ using d2l::testing::on_one_thread;
 using d2l::testing::random_qkv;
 using d2l::testing::runnable_dtypes;
 using d2l::testing::Sizes;
+using d2l::testing::ThreadsAndDeterminism;
 using d2l::testing::value_and_grads;
 using d2l::testing::with_weights;
-
-// The intra-op thread count and torch's deterministic-algorithms flag for a
-// scope, both restored after it.
-class ThreadsAndDeterminism {
- public:
-  ThreadsAndDeterminism(int threads, bool deterministic)
-      : threads_(at::get_num_threads()),
-        deterministic_(at::globalContext().deterministicAlgorithms()),
-        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
-    at::set_num_threads(threads);
-    at::globalContext().setDeterministicAlgorithms(deterministic, false);
-  }
-  ~ThreadsAndDeterminism() {
-    at::set_num_threads(threads_);
-    at::globalContext().setDeterministicAlgorithms(deterministic_, warn_only_);
-  }
-  ThreadsAndDeterminism(const ThreadsAndDeterminism&) = delete;
-  ThreadsAndDeterminism& operator=(const ThreadsAndDeterminism&) = delete;
-
- private:
-  int threads_;
-  bool deterministic_, warn_only_;
-};
 
 // Several threads add the shares of key blocks of one batch entry into its
 // rows of dQ. With deterministic algorithms on (and always on the rows path,
