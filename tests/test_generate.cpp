@@ -9,6 +9,7 @@
 #include <d2l/v1/seq2seq.h>
 #include <d2l/v1/transformer.h>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "test_utils.h"
+#include "transformer_models.h"
 
 namespace {
 
@@ -237,6 +239,55 @@ TEST(Generate, BeamHoldingEveryPrefixFindsTheExhaustiveBest) {
         const auto& h = results[i].hypotheses[0];
         EXPECT_EQ(h.tokens, best.tokens) << m.name << " alpha " << alpha << " source " << i;
         EXPECT_NEAR(h.score, best.score, 1e-5) << m.name << " alpha " << alpha;
+      }
+    }
+  }
+}
+
+// tests/reference/beam_search.py, the definition of docs/generation.md in
+// Python on the book's Transformer classes, one source and one decoder state
+// per hypothesis at a time; the same weights (float64) here, all sources in
+// one batch (tests/fixtures/generate_fixtures_beam.py writes the fixture).
+TEST(Generate, BeamSearchEqualsThePythonReference) {
+  const auto f = d2l::testing::load_fixture("beam_transformer_float64");
+  auto model = d2l::testing::transformer_from_fixture(f, torch::kDouble);
+  const auto src = f.tensor("sources");
+  const auto lens = f.tensor("valid_lens");
+  std::vector<std::vector<int64_t>> sources;
+  for (int64_t s = 0; s < src.size(0); ++s) {
+    const auto row = src[s].slice(0, 0, lens[s].item<int64_t>()).contiguous();
+    sources.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  for (int k = 0; f.has_tensor(fmt::format("search.{}.options", k)); ++k) {
+    const auto o = f.tensor(fmt::format("search.{}.options", k));
+    const auto beam = static_cast<int64_t>(o[0].item<double>()),
+               nbest = static_cast<int64_t>(o[1].item<double>()),
+               max_length = static_cast<int64_t>(o[3].item<double>());
+    const double alpha = o[2].item<double>();
+    const auto results = d2l::generate(*model, sources,
+                                       options(max_length)
+                                           .source_length(src.size(1))
+                                           .beam_size(beam)
+                                           .num_hypotheses(nbest)
+                                           .length_penalty(alpha));
+    const auto tokens = f.tensor(fmt::format("search.{}.tokens", k));
+    const auto scores = f.tensor(fmt::format("search.{}.scores", k));
+    const auto finished = f.tensor(fmt::format("search.{}.finished", k));
+    for (size_t s = 0; s < sources.size(); ++s) {
+      ASSERT_EQ(static_cast<int64_t>(results[s].hypotheses.size()), nbest);
+      for (int64_t h = 0; h < nbest; ++h) {
+        const auto row = static_cast<int64_t>(s) * nbest + h;
+        std::vector<int64_t> expected;
+        for (int64_t t = 0; t < tokens.size(1) && tokens[row][t].item<int64_t>() >= 0; ++t) {
+          expected.push_back(tokens[row][t].item<int64_t>());
+        }
+        const auto& got = results[s].hypotheses[static_cast<size_t>(h)];
+        const auto what = fmt::format("search {} (beam {}, alpha {}) source {} hypothesis {}", k,
+                                      beam, alpha, s, h);
+        EXPECT_EQ(got.tokens, expected) << what;
+        // Log-probabilities in float32 here, float64 in the reference.
+        EXPECT_NEAR(got.score, scores[row].item<double>(), 1e-5) << what;
+        EXPECT_EQ(got.finished, finished[row].item<int64_t>() != 0) << what;
       }
     }
   }
