@@ -606,6 +606,7 @@ fixtures: deps-python fashion-mnist
 	$(PYTHON) tests/fixtures/generate_fixtures_v1_fashion_mnist.py $(FASHION_MNIST_DIR)
 	$(PYTHON) tests/fixtures/generate_fixtures_seq2seq.py
 	$(PYTHON) tests/fixtures/generate_fixtures_transformer.py
+	$(PYTHON) tests/fixtures/generate_fixtures_beam.py
 	$(PYTHON) tests/fixtures/generate_fixtures_v1.py
 	$(PYTHON) tests/fixtures/generate_state_dicts.py --verify-cpp
 	$(PYTHON) tests/fixtures/generate_fixtures_v1.py --verify-cpp
