@@ -212,6 +212,27 @@ def bleu(pred_seq, label_seq, k):
     return score
 
 
+def make_net(model, src_vocab_size, tgt_vocab_size):
+    """The Bahdanau section's model, or the Transformer section's (the book's recipes)."""
+    embed_size, num_hiddens, num_layers, dropout = 32, 32, 2, 0.1
+    if model == 'transformer':
+        ffn_num_input, ffn_num_hiddens, num_heads = 32, 64, 4
+        key_size, query_size, value_size = 32, 32, 32
+        norm_shape = [32]
+        encoder = d2l_transformer.TransformerEncoder(
+            src_vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape,
+            ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
+        decoder = d2l_transformer.TransformerDecoder(
+            tgt_vocab_size, key_size, query_size, value_size, num_hiddens, norm_shape,
+            ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
+    else:
+        encoder = d2l_book.Seq2SeqEncoder(src_vocab_size, embed_size, num_hiddens, num_layers,
+                                          dropout)
+        decoder = d2l_book.Seq2SeqAttentionDecoder(tgt_vocab_size, embed_size, num_hiddens,
+                                                   num_layers, dropout)
+    return d2l_book.EncoderDecoder(encoder, decoder)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--data', default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -228,29 +249,13 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    # The book's recipes (Bahdanau attention and Transformer sections).
-    embed_size, num_hiddens, num_layers, dropout = 32, 32, 2, 0.1
+    # The book's recipes (Bahdanau attention and Transformer sections; the models' in make_net).
     batch_size, num_steps = 64, 10
     transformer = args.model == 'transformer'
     num_epochs = args.epochs or (200 if transformer else 250)
     lr, device = 0.005, torch.device('cpu')
     train_iter, src_vocab, tgt_vocab = load_data_nmt(args.data, batch_size, num_steps)
-    if transformer:
-        ffn_num_input, ffn_num_hiddens, num_heads = 32, 64, 4
-        key_size, query_size, value_size = 32, 32, 32
-        norm_shape = [32]
-        encoder = d2l_transformer.TransformerEncoder(
-            len(src_vocab), key_size, query_size, value_size, num_hiddens, norm_shape,
-            ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
-        decoder = d2l_transformer.TransformerDecoder(
-            len(tgt_vocab), key_size, query_size, value_size, num_hiddens, norm_shape,
-            ffn_num_input, ffn_num_hiddens, num_heads, num_layers, dropout)
-    else:
-        encoder = d2l_book.Seq2SeqEncoder(len(src_vocab), embed_size, num_hiddens, num_layers,
-                                          dropout)
-        decoder = d2l_book.Seq2SeqAttentionDecoder(len(tgt_vocab), embed_size, num_hiddens,
-                                                   num_layers, dropout)
-    net = d2l_book.EncoderDecoder(encoder, decoder)
+    net = make_net(args.model, len(src_vocab), len(tgt_vocab))
     print(f'{args.data}: vocabularies of {len(src_vocab)} and {len(tgt_vocab)} tokens; '
           f'{torch.get_num_threads()} threads, torch {torch.__version__}')
     start = time.time()

@@ -2,10 +2,12 @@
 // and saved (--save), with d2l::generate: batches of sentences, greedy
 // decoding or beam search, n-best lists with their scores.
 //
-//   translate --checkpoint FILE [--model bahdanau|transformer] [--data PATH]
+//   translate (--checkpoint FILE | --state-dict FILE) [--model bahdanau|transformer] [--data PATH]
 //             [--num-hiddens N] [--input FILE] [--beam N] [--nbest N]
 //             [--length-penalty A] [--max-length N] [--batch-size N] [--threads N]
 //
+// --state-dict reads a state dict the book's Python code saved
+// (torch.save(net.state_dict()), benchmarks/book_bahdanau.py --save) instead.
 // The vocabularies are rebuilt from the training data (--data, as given to
 // bahdanau_fra_eng; default the sample it trains on by default), so the
 // model, the data and --num-hiddens must be those of the training run.
@@ -73,12 +75,17 @@ std::vector<int64_t> source_ids(const std::string& sentence, const d2l::Vocab& v
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string checkpoint, model = "bahdanau", data = D2L_FRA_ENG_SAMPLE, input;
+  std::string checkpoint, state_dict, model = "bahdanau", data = D2L_FRA_ENG_SAMPLE, input;
   int64_t num_hiddens = 32, beam = 1, nbest = 1, max_length = kNumSteps, batch_size = 64;
   int threads = 1;
   double length_penalty = 0;
   CLI::App app("Translates English sentences with a model bahdanau_fra_eng saved (d2l::generate)");
-  app.add_option("--checkpoint", checkpoint, "the model bahdanau_fra_eng --save wrote")->required();
+  auto* from_checkpoint =
+      app.add_option("--checkpoint", checkpoint, "the model bahdanau_fra_eng --save wrote");
+  auto* from_state_dict = app.add_option("--state-dict", state_dict,
+                                         "a state dict the book's Python code saved (torch.save)");
+  from_checkpoint->excludes(from_state_dict);
+  from_state_dict->excludes(from_checkpoint);
   app.add_option("--model", model, "the model it trained")
       ->check(CLI::IsMember({"bahdanau", "transformer"}));
   app.add_option("--data", data, "the data it trained on (the vocabularies are rebuilt from it)");
@@ -94,6 +101,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", batch_size, "sentences decoded together")->check(examples::kCount);
   app.add_option("--threads", threads, "intra-op threads")->check(examples::kCount);
   CLI11_PARSE(app, argc, argv);
+  if (checkpoint.empty() && state_dict.empty()) fail("give --checkpoint or --state-dict");
+  if (nbest > beam) fail(fmt::format("--nbest {} is more than --beam {}", nbest, beam));
   d2l::set_num_threads(threads);
 
   std::ifstream file;
@@ -120,17 +129,23 @@ int main(int argc, char** argv) {
   const auto& src_vocab = vocabularies.src_vocab;
   const auto& tgt_vocab = vocabularies.tgt_vocab;
   auto net = make_net(model, num_hiddens, src_vocab.size(), tgt_vocab.size());
+  const auto* flag = checkpoint.empty() ? "--state-dict" : "--checkpoint";
+  const auto& path = checkpoint.empty() ? state_dict : checkpoint;
   {
-    std::ifstream probe(checkpoint);
-    if (!probe) fail(fmt::format("cannot read --checkpoint {}", checkpoint));
+    std::ifstream probe(path);
+    if (!probe) fail(fmt::format("cannot read {} {}", flag, path));
   }
   try {
-    torch::load(net, checkpoint);
+    if (checkpoint.empty()) {
+      d2l::load_state_dict(*net, state_dict);
+    } else {
+      torch::load(net, checkpoint);
+    }
   } catch (const c10::Error& e) {
     fail(
-        fmt::format("--checkpoint {} is not a {} model of --num-hiddens {} over the vocabularies "
-                    "of --data {} ({} and {} tokens): {}",
-                    checkpoint, model, num_hiddens, data, src_vocab.size(), tgt_vocab.size(),
+        fmt::format("{} {} is not a {} model of --num-hiddens {} over the vocabularies of --data "
+                    "{} ({} and {} tokens): {}",
+                    flag, path, model, num_hiddens, data, src_vocab.size(), tgt_vocab.size(),
                     first_line(e.what_without_backtrace())));
   }
   net->eval();
