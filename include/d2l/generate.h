@@ -52,7 +52,8 @@ struct GenerationOptions {
   /// Per-token log-probabilities (GenerationHypothesis::log_probs).
   TORCH_ARG(bool, return_log_probs) = false;
   /// Per-token cross-attention weights (GenerationHypothesis::attention);
-  /// needs a d2l::AttentionDecoder.
+  /// needs a d2l::AttentionDecoder, whose recorded weights are its last
+  /// call's: not with other threads decoding on the same model.
   TORCH_ARG(bool, return_attention) = false;
   /// The target's `<bos>` (the first step's input) and `<eos>`, and the
   /// source's `<pad>`.
