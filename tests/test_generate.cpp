@@ -101,8 +101,9 @@ std::vector<std::vector<int64_t>> sources(int64_t n, int64_t seed) {
   std::vector<std::vector<int64_t>> out;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = torch::randint(1, 7, {1}).item<int64_t>();
-    auto words = torch::randint(3, kSrcVocab, {len - 1});
-    std::vector<int64_t> s(words.data_ptr<int64_t>(), words.data_ptr<int64_t>() + len - 1);
+    const auto words = torch::randint(3, kSrcVocab, {len - 1});
+    std::vector<int64_t> s;
+    for (int64_t t = 0; t + 1 < len; ++t) s.push_back(words[t].item<int64_t>());
     s.push_back(kEos);
     out.push_back(s);
   }
@@ -255,8 +256,9 @@ TEST(Generate, BeamSearchEqualsThePythonReference) {
   const auto lens = f.tensor("valid_lens");
   std::vector<std::vector<int64_t>> sources;
   for (int64_t s = 0; s < src.size(0); ++s) {
-    const auto row = src[s].slice(0, 0, lens[s].item<int64_t>()).contiguous();
-    sources.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+    std::vector<int64_t> row;
+    for (int64_t t = 0; t < lens[s].item<int64_t>(); ++t) row.push_back(src[s][t].item<int64_t>());
+    sources.push_back(row);
   }
   for (int k = 0; f.has_tensor(fmt::format("search.{}.options", k)); ++k) {
     const auto o = f.tensor(fmt::format("search.{}.options", k));
