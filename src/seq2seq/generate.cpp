@@ -1,7 +1,7 @@
 // Generation with an encoder-decoder (include/d2l/generate.h): batched
 // greedy decoding, beam search and sampling over the Encoder and Decoder
-// interfaces, and select_rows, which carries a state's rows (and its
-// decoder's cache) into a smaller or reordered batch. Note [Generation].
+// interfaces (select_rows, in select_rows.cpp, carries a state's rows into
+// the next step's batch). Note [Generation].
 
 #include <d2l/generate.h>
 
@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "checks.h"
+#include "seq2seq/generate_setup.h"
 
 // Note [Generation]
 // One call encodes its sources once, as one batch padded to a common length,
@@ -50,74 +51,9 @@
 
 namespace d2l {
 
-DecoderState select_rows(const DecoderState& state, const torch::Tensor& index, bool same_sources) {
-  const auto pick = [&](const torch::Tensor& t, int64_t dim) {
-    return t.defined() ? t.index_select(dim, index) : t;
-  };
-  DecoderState selected;
-  selected.hidden_state = pick(state.hidden_state, 1);
-  if (same_sources) {
-    selected.enc_outputs = state.enc_outputs;
-    selected.enc_valid_lens = state.enc_valid_lens;
-    selected.enc_key_padding_mask = state.enc_key_padding_mask;
-  } else {
-    selected.enc_outputs = pick(state.enc_outputs, 0);
-    selected.enc_valid_lens = pick(state.enc_valid_lens, 0);
-    selected.enc_key_padding_mask = pick(state.enc_key_padding_mask, 0);
-  }
-  selected.key_values = state.key_values;
-  if (state.cache) selected.cache = state.cache->select_rows(state, index, selected, same_sources);
-  for (size_t i = 0; i < state.key_values.size(); ++i) {
-    const auto& old = state.key_values[i];
-    if (old.defined() && selected.key_values[i].is_same(old)) {
-      selected.key_values[i] = old.index_select(0, index);
-    }
-  }
-  return selected;
-}
-
 namespace {
 
 constexpr const char* kFn = "d2l::generate";
-
-void check_options(const GenerationOptions& o) {
-  TORCH_CHECK(o.max_length() > 0,
-              fmt::format("{}: max_length must be positive, got {}", kFn, o.max_length()));
-  TORCH_CHECK(o.min_length() >= 0 && o.min_length() <= o.max_length(),
-              fmt::format("{}: min_length must be in [0, max_length={}], got {}", kFn,
-                          o.max_length(), o.min_length()));
-  TORCH_CHECK(
-      o.beam_size() >= 1 && o.beam_size() <= kMaxBeamSize,
-      fmt::format("{}: beam_size must be in [1, {}], got {}", kFn, kMaxBeamSize, o.beam_size()));
-  TORCH_CHECK(o.num_hypotheses() >= 1 && o.num_hypotheses() <= o.beam_size(),
-              fmt::format("{}: num_hypotheses must be in [1, beam_size={}], got {}", kFn,
-                          o.beam_size(), o.num_hypotheses()));
-  TORCH_CHECK(std::isfinite(o.length_penalty()) && o.length_penalty() >= 0,
-              fmt::format("{}: length_penalty must be finite and not negative, got {}", kFn,
-                          o.length_penalty()));
-  TORCH_CHECK(o.sampling_topk() >= 0,
-              fmt::format("{}: sampling_topk must be 0 (every token) or positive, got {}", kFn,
-                          o.sampling_topk()));
-  TORCH_CHECK(o.sampling_topp() > 0 && o.sampling_topp() <= 1,
-              fmt::format("{}: sampling_topp must be in (0, 1], got {}", kFn, o.sampling_topp()));
-  TORCH_CHECK(std::isfinite(o.temperature()) && o.temperature() > 0,
-              fmt::format("{}: temperature must be positive, got {}", kFn, o.temperature()));
-  const bool sampling = o.sampling_topk() != 1;
-  TORCH_CHECK(!sampling || o.beam_size() == 1,
-              fmt::format("{}: sampling (sampling_topk={}) needs beam_size 1, got {}", kFn,
-                          o.sampling_topk(), o.beam_size()));
-  TORCH_CHECK(!o.callback() || o.beam_size() == 1,
-              fmt::format("{}: callback is called by greedy decoding and sampling only, got "
-                          "beam_size {}",
-                          kFn, o.beam_size()));
-  TORCH_CHECK(o.start_id() >= 0 && o.end_id() >= 0 && o.pad_id() >= 0,
-              fmt::format("{}: start_id, end_id and pad_id must be set (the target's <bos> and "
-                          "<eos>, the source's <pad>), got {}, {} and {}",
-                          kFn, o.start_id(), o.end_id(), o.pad_id()));
-  TORCH_CHECK(o.source_length() >= 0,
-              fmt::format("{}: source_length must be 0 (the longest source) or positive, got {}",
-                          kFn, o.source_length()));
-}
 
 // The number of rows of `weight` of the first parameter named `name` (an
 // embedding's vocabulary), or -1.
@@ -127,37 +63,6 @@ int64_t rows_of(const torch::nn::Module& m, const std::string& name) {
   }
   return -1;
 }
-
-// Evaluation mode for the call, each module's own mode restored after it.
-// Module::train sets a module's children too, so the modes are restored
-// parents first (modules() lists a module before its children): each
-// module's own call comes after its ancestors'. A model already in
-// evaluation mode is not written to at all (threads may share it).
-class EvalGuard {
- public:
-  explicit EvalGuard(const std::vector<torch::nn::Module*>& roots) {
-    bool training = false;
-    for (auto* root : roots) {
-      for (const auto& m : root->modules(/*include_self=*/true)) {
-        modes_.emplace_back(m, m->is_training());
-        training = training || m->is_training();
-      }
-    }
-    if (!training) {
-      modes_.clear();
-      return;
-    }
-    for (auto* root : roots) root->eval();
-  }
-  ~EvalGuard() {
-    for (const auto& [m, training] : modes_) m->train(training);
-  }
-  EvalGuard(const EvalGuard&) = delete;
-  EvalGuard& operator=(const EvalGuard&) = delete;
-
- private:
-  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
-};
 
 struct Hyp {
   std::vector<int64_t> tokens;
@@ -206,7 +111,7 @@ struct Source {
 std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
                                        const std::vector<std::vector<int64_t>>& sources,
                                        const GenerationOptions& o) {
-  check_options(o);
+  detail::check_generation_options(kFn, o);
   auto& encoder_module = encoder.as_module();
   auto& decoder_module = decoder.as_module();
   TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
@@ -242,7 +147,7 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
                           "without attention weights",
                           kFn));
 
-  const EvalGuard eval({&encoder_module, &decoder_module});
+  const detail::EvalGuard eval({&encoder_module, &decoder_module});
   torch::NoGradGuard no_grad;
   torch::Device device = torch::kCPU;
   for (const auto& p : encoder_module.parameters()) {
