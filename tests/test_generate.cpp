@@ -317,6 +317,56 @@ TEST(Generate, ARowInABatchDecodesAsItDoesAlone) {
   }
 }
 
+TEST(Generate, MaxBatchSizeSortsByLengthAndKeepsTheSourcesOrder) {
+  // Sources of lengths 1 to 6 in a shuffled order; batches of 3 decode the
+  // three longest together, then the three shortest.
+  auto srcs = sources(12, 4);
+  std::stable_sort(srcs.begin(), srcs.end(),
+                   [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  std::vector<std::vector<int64_t>> shuffled;
+  for (const size_t i : {3, 0, 5, 1, 4, 2}) shuffled.push_back(srcs[i * 2]);
+  for (const auto& m : models()) {
+    for (const int64_t beam : {1, 3}) {
+      // source_length fixes the padding: the GRU encoders read it.
+      const auto o = options(8).source_length(8).beam_size(beam).num_hypotheses(beam);
+      const auto whole = d2l::generate(*m.encoder, *m.decoder, shuffled, o);
+      const auto batched = d2l::generate(*m.encoder, *m.decoder, shuffled,
+                                         d2l::GenerationOptions(o).max_batch_size(3));
+      ASSERT_EQ(whole.size(), batched.size());
+      for (size_t i = 0; i < shuffled.size(); ++i) {
+        ASSERT_EQ(whole[i].hypotheses.size(), batched[i].hypotheses.size()) << m.name;
+        for (size_t h = 0; h < whole[i].hypotheses.size(); ++h) {
+          EXPECT_EQ(whole[i].hypotheses[h].tokens, batched[i].hypotheses[h].tokens)
+              << m.name << " beam " << beam << " source " << i;
+          EXPECT_NEAR(whole[i].hypotheses[h].score, batched[i].hypotheses[h].score, 1e-3);
+        }
+      }
+    }
+  }
+  // The callback sees the sources' own indices, and the batches go longest
+  // first: the first step's calls name the three longest sources,
+  // shuffled[0], [2] and [4] (srcs[6], [10] and [8]; on ties the sort keeps
+  // the sources' order, which puts these first too).
+  const auto m = models()[2];
+  std::vector<int64_t> first_step;
+  std::vector<std::vector<int64_t>> streamed(shuffled.size());
+  const auto o =
+      options(8).max_batch_size(3).callback([&](int64_t step, int64_t source, int64_t token) {
+        if (step == 0) first_step.push_back(source);
+        streamed[static_cast<size_t>(source)].push_back(token);
+      });
+  const auto results = d2l::generate(*m.encoder, *m.decoder, shuffled, o);
+  ASSERT_GE(first_step.size(), 3u);
+  std::vector<int64_t> first_batch(first_step.begin(), first_step.begin() + 3);
+  std::sort(first_batch.begin(), first_batch.end());
+  EXPECT_EQ(first_batch, (std::vector<int64_t>{0, 2, 4}));
+  for (size_t i = 0; i < shuffled.size(); ++i) {
+    auto tokens = results[i].hypotheses[0].tokens;
+    if (results[i].hypotheses[0].finished) tokens.push_back(kEos);
+    EXPECT_EQ(streamed[i], tokens) << "source " << i;
+  }
+}
+
 TEST(Generate, SamplingWithASeedRepeats) {
   const auto srcs = sources(5, 6);
   const auto m = models()[2];
@@ -482,6 +532,8 @@ TEST(Generate, RefusesBadOptionsAndSources) {
               HasSubstr("sampling_topp must be in (0, 1], got 0"));
   EXPECT_THAT(refused(options(5).sampling_topk(0).beam_size(2)),
               HasSubstr("sampling (sampling_topk=0) needs beam_size 1, got 2"));
+  EXPECT_THAT(refused(options(5).max_batch_size(-2)),
+              HasSubstr("max_batch_size must be 0 (one batch) or positive, got -2"));
   EXPECT_THAT(refused(options(5).length_penalty(-1)),
               HasSubstr("length_penalty must be finite and not negative, got -1"));
   EXPECT_THAT(refused(d2l::GenerationOptions()),

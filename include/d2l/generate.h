@@ -66,6 +66,12 @@ struct GenerationOptions {
   /// depends on its padding: give a length for results that do not depend
   /// on the other sources of a call.
   TORCH_ARG(int64_t, source_length) = 0;
+  /// Sources decoded together at most: a call with more sorts them by
+  /// length, longest first, and decodes them in batches of this many, so
+  /// that a batch holds sources of similar lengths and memory holds one
+  /// batch's states; results still come back in the sources' order. 0: all
+  /// of them in one batch, in their order.
+  TORCH_ARG(int64_t, max_batch_size) = 0;
   /// Greedy decoding and sampling only.
   TORCH_ARG(GenerationCallback, callback) = nullptr;
 };

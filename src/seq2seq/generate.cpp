@@ -106,62 +106,24 @@ struct Source {
   bool done = false;
 };
 
-}  // namespace
-
-std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
-                                       const std::vector<std::vector<int64_t>>& sources,
-                                       const GenerationOptions& o) {
-  detail::check_generation_options(kFn, o);
-  auto& encoder_module = encoder.as_module();
-  auto& decoder_module = decoder.as_module();
-  TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
-  const int64_t source_vocab = rows_of(encoder_module, "embedding.weight");
-  const int64_t target_vocab = rows_of(decoder_module, "embedding.weight");
-  int64_t longest = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const auto& s = sources[i];
-    TORCH_CHECK(!s.empty(), fmt::format("{}: sources[{}] is empty: a source holds at least its "
-                                        "<eos>",
-                                        kFn, i));
-    for (size_t t = 0; t < s.size(); ++t) {
-      TORCH_CHECK(s[t] >= 0 && (source_vocab < 0 || s[t] < source_vocab),
-                  fmt::format("{}: sources[{}][{}] is {}, outside the encoder's vocabulary [0, {})",
-                              kFn, i, t, s[t], source_vocab));
-    }
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
-  }
-  if (source_vocab >= 0) {
-    TORCH_CHECK(o.pad_id() < source_vocab,
-                fmt::format("{}: pad_id {} is outside the encoder's vocabulary [0, {})", kFn,
-                            o.pad_id(), source_vocab));
-  }
-  if (target_vocab >= 0) {
-    TORCH_CHECK(o.start_id() < target_vocab && o.end_id() < target_vocab,
-                fmt::format("{}: start_id {} and end_id {} must be in the decoder's vocabulary "
-                            "[0, {})",
-                            kFn, o.start_id(), o.end_id(), target_vocab));
-  }
-  const auto* attention_decoder = dynamic_cast<const AttentionDecoder*>(&decoder);
-  TORCH_CHECK(!o.return_attention() || attention_decoder != nullptr,
-              fmt::format("{}: return_attention needs a d2l::AttentionDecoder, got a decoder "
-                          "without attention weights",
-                          kFn));
-
-  const detail::EvalGuard eval({&encoder_module, &decoder_module});
-  torch::NoGradGuard no_grad;
-  torch::Device device = torch::kCPU;
-  for (const auto& p : encoder_module.parameters()) {
-    device = p.device();
-    break;
-  }
+// Decodes the sources `indices` of `sources` as one batch into their
+// results (Note [Generation]); generate has checked the sources and options.
+void decode_batch(Encoder& encoder, Decoder& decoder,
+                  const std::vector<std::vector<int64_t>>& sources,
+                  const std::vector<int64_t>& indices, const GenerationOptions& o,
+                  const AttentionDecoder* attention_decoder, const torch::Device& device,
+                  at::Generator& generator, std::vector<GenerationResult>& results) {
   const auto long_options = torch::TensorOptions(device).dtype(torch::kLong);
 
   // The batch: sources padded (or cut) to one length.
-  const auto B = static_cast<int64_t>(sources.size());
+  const auto B = static_cast<int64_t>(indices.size());
+  int64_t longest = 0;
+  for (const auto i : indices)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(sources[i].size()));
   const int64_t S = o.source_length() > 0 ? o.source_length() : longest;
   std::vector<int64_t> tokens(B * S, o.pad_id()), valid(B);
   for (int64_t b = 0; b < B; ++b) {
-    const auto& s = sources[static_cast<size_t>(b)];
+    const auto& s = sources[static_cast<size_t>(indices[b])];
     valid[b] = std::min<int64_t>(static_cast<int64_t>(s.size()), S);
     std::copy_n(s.begin(), valid[b], tokens.begin() + b * S);
   }
@@ -172,15 +134,12 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
   const int64_t k = o.beam_size();
   const double alpha = o.length_penalty();
   const bool sampling = o.sampling_topk() != 1;
-  at::Generator generator;
-  if (sampling) generator = at::detail::createCPUGenerator(o.seed());
 
   std::vector<Source> live_sources(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
-    live_sources[b].index = b;
+    live_sources[b].index = indices[b];
     live_sources[b].live.resize(1);  // beam search starts from one hypothesis
   }
-  std::vector<GenerationResult> results(static_cast<size_t>(B));
   constexpr double kNone = -std::numeric_limits<double>::infinity();
 
   for (int64_t step = 0; step < o.max_length() && !live_sources.empty(); ++step) {
@@ -354,6 +313,77 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
   for (auto& src : live_sources) {
     for (auto& h : src.live) src.finished.push_back(finish(std::move(h), false, alpha, o));
     results[static_cast<size_t>(src.index)].hypotheses = std::move(src.finished);
+  }
+}
+
+}  // namespace
+
+std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
+                                       const std::vector<std::vector<int64_t>>& sources,
+                                       const GenerationOptions& o) {
+  detail::check_generation_options(kFn, o);
+  auto& encoder_module = encoder.as_module();
+  auto& decoder_module = decoder.as_module();
+  TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
+  const int64_t source_vocab = rows_of(encoder_module, "embedding.weight");
+  const int64_t target_vocab = rows_of(decoder_module, "embedding.weight");
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& s = sources[i];
+    TORCH_CHECK(!s.empty(), fmt::format("{}: sources[{}] is empty: a source holds at least its "
+                                        "<eos>",
+                                        kFn, i));
+    for (size_t t = 0; t < s.size(); ++t) {
+      TORCH_CHECK(s[t] >= 0 && (source_vocab < 0 || s[t] < source_vocab),
+                  fmt::format("{}: sources[{}][{}] is {}, outside the encoder's vocabulary [0, {})",
+                              kFn, i, t, s[t], source_vocab));
+    }
+  }
+  if (source_vocab >= 0) {
+    TORCH_CHECK(o.pad_id() < source_vocab,
+                fmt::format("{}: pad_id {} is outside the encoder's vocabulary [0, {})", kFn,
+                            o.pad_id(), source_vocab));
+  }
+  if (target_vocab >= 0) {
+    TORCH_CHECK(o.start_id() < target_vocab && o.end_id() < target_vocab,
+                fmt::format("{}: start_id {} and end_id {} must be in the decoder's vocabulary "
+                            "[0, {})",
+                            kFn, o.start_id(), o.end_id(), target_vocab));
+  }
+  const auto* attention_decoder = dynamic_cast<const AttentionDecoder*>(&decoder);
+  TORCH_CHECK(!o.return_attention() || attention_decoder != nullptr,
+              fmt::format("{}: return_attention needs a d2l::AttentionDecoder, got a decoder "
+                          "without attention weights",
+                          kFn));
+
+  const detail::EvalGuard eval({&encoder_module, &decoder_module});
+  torch::NoGradGuard no_grad;
+  torch::Device device = torch::kCPU;
+  for (const auto& p : encoder_module.parameters()) {
+    device = p.device();
+    break;
+  }
+  // One sampler for the whole call, so that batching does not change what
+  // a seed draws for a source in a given position of the draw order.
+  at::Generator generator;
+  if (o.sampling_topk() != 1) generator = at::detail::createCPUGenerator(o.seed());
+
+  // The batches: in the sources' order, or, with max_batch_size, longest
+  // first, so that a batch holds sources of similar lengths.
+  const auto n = static_cast<int64_t>(sources.size());
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t batch = o.max_batch_size() > 0 ? std::min(o.max_batch_size(), n) : n;
+  if (batch < n) {
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return sources[static_cast<size_t>(a)].size() > sources[static_cast<size_t>(b)].size();
+    });
+  }
+  std::vector<GenerationResult> results(static_cast<size_t>(n));
+  for (int64_t begin = 0; begin < n; begin += batch) {
+    const std::vector<int64_t> indices(order.begin() + begin,
+                                       order.begin() + std::min(n, begin + batch));
+    decode_batch(encoder, decoder, sources, indices, o, attention_decoder, device, generator,
+                 results);
   }
   for (auto& r : results) {
     auto& hyps = r.hypotheses;

@@ -46,6 +46,9 @@ void check_generation_options(const char* kFn, const GenerationOptions& o) {
   TORCH_CHECK(o.source_length() >= 0,
               fmt::format("{}: source_length must be 0 (the longest source) or positive, got {}",
                           kFn, o.source_length()));
+  TORCH_CHECK(o.max_batch_size() >= 0,
+              fmt::format("{}: max_batch_size must be 0 (one batch) or positive, got {}", kFn,
+                          o.max_batch_size()));
 }
 
 }  // namespace d2l::detail
