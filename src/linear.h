@@ -11,12 +11,16 @@
 
 namespace d2l::detail {
 
-/// Whether linear() splits the products of x (..., in) · Wᵀ (out, in) over
-/// ATen's threads: on the CPU, in float or double, with more than one
-/// intra-op thread, outside a parallel region, when LibTorch's BLAS is
-/// OpenBLAS sized to 1 thread (d2l::set_num_threads, OPENBLAS_NUM_THREADS=1:
-/// README, "Two thread pools"), and when the product is large enough to pay
-/// for a parallel region. MKL (PyPI's wheels) already runs on ATen's threads.
+/// Whether linear() runs the products of x (..., in) · Wᵀ (out, in) itself:
+/// on the CPU, in float or double, outside a parallel region, and large
+/// enough to pay for a parallel region; then either x has fewer than
+/// cpu::kFewRows rows (a decoding step: the few-rows kernel, by slices of
+/// W's rows over ATen's threads, at any number of threads: BLAS runs such
+/// products on one thread and below the speed of memory), or, with more
+/// than one intra-op thread, LibTorch's BLAS is OpenBLAS sized to 1 thread
+/// (d2l::set_num_threads, OPENBLAS_NUM_THREADS=1: README, "Two thread
+/// pools") and the product splits by rows of x. MKL (PyPI's wheels) already
+/// runs products of many rows on ATen's threads.
 bool linear_splits_over_threads(const torch::Tensor& x, const torch::Tensor& W);
 
 /// a (r, k) · b (k, c), a new (r, c) tensor, without autograd: split by rows

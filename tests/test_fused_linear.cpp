@@ -93,6 +93,16 @@ TEST(FusedKernels, LinearSplitsOverThreadsOnlyWhereOpenBlasRunsOnOne) {
   }
   ThreadsForScope one(1);
   EXPECT_FALSE(d2l::detail::linear_splits_over_threads(x, W));
+  // A decoding step's few rows: the few-rows kernel, at 1 thread too; not
+  // for small products.
+  EXPECT_TRUE(
+      d2l::detail::linear_splits_over_threads(torch::randn({1, 512}), torch::randn({1024, 512})));
+  EXPECT_TRUE(d2l::detail::linear_splits_over_threads(torch::randn({7, 1, 512}),
+                                                      torch::randn({1024, 512})));
+  EXPECT_FALSE(d2l::detail::linear_splits_over_threads(torch::randn({8, 1, 512}),
+                                                       torch::randn({1024, 512})));
+  EXPECT_FALSE(
+      d2l::detail::linear_splits_over_threads(torch::randn({1, 32}), torch::randn({32, 32})));
 }
 
 // Forward, every gradient and a double backward of detail::linear against
@@ -261,3 +271,65 @@ TEST(FusedKernels, AdditiveIsOneAutogradNodeGivingTheGradientsAsked) {
     }
   }
 }
+
+// Products of fewer than cpu::kFewRows rows (a decoding step) run on the
+// few-rows kernel at any number of threads, with any BLAS, at every
+// instruction set: against functional::linear in double, in float and
+// double, with and without a bias, rows 1 to 7, K with and without a tail
+// past whole vectors, N not a multiple of the kernel's 4 rows of W nor of a
+// thread's slice; gradients through it as functional::linear's; inputs
+// untouched.
+class FewRowsLinear : public Fused {};
+
+TEST_P(FewRowsLinear, MatchesFunctionalLinear) {
+  torch::manual_seed(7);
+  for (const int64_t threads : {1, 2}) {
+    ThreadsForScope scope(threads);
+    for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+      for (const auto [K, N] : {std::pair<int64_t, int64_t>{512, 1030}, {131, 2003}}) {
+        for (const int64_t rows : {1, 2, 3, 7}) {
+          for (const bool bias : {false, true}) {
+            const auto x = torch::randn({rows, 1, K}, dtype);
+            const auto W = torch::randn({N, K}, dtype);
+            const auto b = bias ? torch::randn({N}, dtype) : torch::Tensor();
+            const std::string what = fmt::format("{} threads {} rows {} K {} N {} bias {}",
+                                                 c10::toString(dtype), threads, rows, K, N, bias);
+            ASSERT_TRUE(d2l::detail::linear_splits_over_threads(x, W)) << what;
+            const auto x_before = x.clone(), W_before = W.clone();
+            const auto y = d2l::detail::linear(x, W, b);
+            const auto expected =
+                torch::nn::functional::linear(x.to(torch::kDouble), W.to(torch::kDouble),
+                                              bias ? b.to(torch::kDouble) : torch::Tensor());
+            EXPECT_EQ(y.sizes(), expected.sizes()) << what;
+            // In float, within a few times functional::linear's own error
+            // (sums of 512 products in another order).
+            const double reference_error =
+                max_rel_error(torch::nn::functional::linear(x, W, b).to(torch::kDouble), expected);
+            EXPECT_LT(max_rel_error(y.to(torch::kDouble), expected),
+                      dtype == torch::kFloat ? 4 * reference_error + 1e-7 : 1e-12)
+                << what << " (functional::linear's error " << reference_error << ")";
+            EXPECT_TRUE(torch::equal(x, x_before)) << what;
+            EXPECT_TRUE(torch::equal(W, W_before)) << what;
+          }
+        }
+      }
+    }
+  }
+  // Gradients through the kernel's forward.
+  ThreadsForScope two(2);
+  const auto x = torch::randn({3, 512}, torch::kDouble),
+             W = torch::randn({700, 512}, torch::kDouble);
+  const auto b = torch::randn({700}, torch::kDouble), G = torch::randn({3, 700}, torch::kDouble);
+  const auto ours = value_and_grads(
+      [](const std::vector<torch::Tensor>& in) { return d2l::detail::linear(in[0], in[1], in[2]); },
+      {x, W, b}, G);
+  const auto plain = value_and_grads(
+      [](const std::vector<torch::Tensor>& in) {
+        return torch::nn::functional::linear(in[0], in[1], in[2]);
+      },
+      {x, W, b}, G);
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_LT(max_rel_error(ours[i], plain[i]), 1e-12) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, FewRowsLinear, ::testing::ValuesIn(d2l::testing::all_isas()),
+                         [](const auto& info) { return d2l::to_string(info.param); });

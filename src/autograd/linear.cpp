@@ -14,6 +14,7 @@
 
 #include <d2l/backend.h>
 
+#include "cpu/few_rows_linear_kernel.h"
 #include "linear.h"
 #include "select.h"
 
@@ -49,6 +50,44 @@ void rows_over_threads(const torch::Tensor& out, const torch::Tensor& a, const t
   });
 }
 
+// Rows below which a product runs on few_rows_linear_kernel.cpp, by slices of
+// W's rows (out's columns) over ATen's threads: a decoding step multiplies
+// one row per hypothesis, and BLAS runs products of so few rows
+// (matrix-vector products) on one thread, MKL included, and below the speed
+// of memory (the kernel's note). At 2 threads the base-size Transformer of
+// benchmarks/ct2_table.py decoded one sentence at a time no faster than at
+// 1 before.
+constexpr int64_t kColumnSplitRows = cpu::kFewRows;
+
+// out = a · b for `a` of few rows, by slices of the columns of b and out,
+// one slice per thread.
+void columns_over_threads(const torch::Tensor& out, const torch::Tensor& a,
+                          const torch::Tensor& b) {
+  const int64_t columns = b.size(1);
+  const int64_t threads = at::get_num_threads();
+  // Slices of whole cache lines of out's rows.
+  const int64_t grain = ((columns + threads - 1) / threads + 15) / 16 * 16;
+  at::parallel_for(0, columns, grain, [&](int64_t c0, int64_t c1) {
+    torch::NoGradGuard no_grad;
+    auto slice = out.narrow(1, c0, c1 - c0);
+    at::mm_out(slice, a, b.narrow(1, c0, c1 - c0));
+  });
+}
+
+// out = x · Wᵀ (+ bias) for x of at most kFewRows rows, on the kernel, by
+// slices of W's rows over ATen's threads.
+void few_rows_linear(const torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& W,
+                     const torch::Tensor& bias) {
+  const auto xc = x.contiguous(), Wc = W.contiguous();
+  const auto bc = bias.defined() ? bias.contiguous() : torch::empty({0}, W.options());
+  const int64_t columns = W.size(0);
+  const int64_t threads = at::get_num_threads();
+  const int64_t grain = ((columns + threads - 1) / threads + 15) / 16 * 16;
+  const auto& kernels = cpu::few_rows_linear_kernels();
+  at::parallel_for(0, columns, grain,
+                   [&](int64_t c0, int64_t c1) { kernels.forward(xc, Wc, bc, out, c0, c1); });
+}
+
 // `b` is a (0) tensor for no bias: LibTorch 1.13's autograd functions take
 // no undefined tensors as inputs.
 struct ParallelLinearFunction : torch::autograd::Function<ParallelLinearFunction> {
@@ -60,7 +99,12 @@ struct ParallelLinearFunction : torch::autograd::Function<ParallelLinearFunction
     const int64_t in = W.size(1), out = W.size(0);
     const auto x2 = x.detach().reshape({-1, in});
     auto y = torch::empty({x2.size(0), out}, x.options());
-    rows_over_threads(y, x2, W.detach().t(), has_bias ? b.detach() : torch::Tensor());
+    const auto bias = has_bias ? b.detach() : torch::Tensor();
+    if (x2.size(0) < kColumnSplitRows) {
+      few_rows_linear(y, x2, W.detach(), bias);
+    } else {
+      rows_over_threads(y, x2, W.detach().t(), bias);
+    }
     auto sizes = x.sizes().vec();
     sizes.back() = out;
     return y.view(sizes);
@@ -98,9 +142,10 @@ struct ParallelLinearFunction : torch::autograd::Function<ParallelLinearFunction
 // Whether a product of `rows` rows and `multiply_adds` in all, on the CPU in
 // float or double, is split by rows over ATen's threads.
 bool product_splits(int64_t rows, int64_t multiply_adds) {
-  if (at::in_parallel_region() || at::get_num_threads() < 2) return false;
-  if (rows < at::get_num_threads() || multiply_adds < kMinMultiplyAdds) return false;
-  return cpu_threads().openblas == 1;
+  if (at::in_parallel_region() || multiply_adds < kMinMultiplyAdds) return false;
+  if (rows < kColumnSplitRows) return true;  // few_rows_linear, at any number of threads
+  if (at::get_num_threads() < 2) return false;
+  return rows >= at::get_num_threads() && cpu_threads().openblas == 1;
 }
 
 }  // namespace
@@ -137,7 +182,11 @@ torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b) {
                       product_splits(a.size(0), a.size(0) * a.size(1) * b.size(1));
   if (!splits) return at::mm(a, b);
   auto out = torch::empty({a.size(0), b.size(1)}, a.options());
-  rows_over_threads(out, a, b);
+  if (a.size(0) < kColumnSplitRows) {
+    columns_over_threads(out, a, b);
+  } else {
+    rows_over_threads(out, a, b);
+  }
   return out;
 }
 

@@ -24,6 +24,7 @@
 #include "cpu/additive_attention_kernel.h"
 #include "cpu/dispatch.h"
 #include "cpu/dot_product_attention_kernel.h"
+#include "cpu/few_rows_linear_kernel.h"
 #include "cpu/masked_softmax_kernel.h"
 #include "cpu/multi_head_attention_kernel.h"
 
@@ -277,6 +278,7 @@ D2L_DEFINE_CPU_DISPATCH(MaskedSoftmaxKernels, masked_softmax_kernels)
 D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(MultiHeadAttentionKernels, multi_head_attention_kernels)
+D2L_DEFINE_CPU_DISPATCH(FewRowsLinearKernels, few_rows_linear_kernels)
 
 std::string amx_unused_reason() {
   if (cpu_isa() == CpuIsa::kAmxBf16) return {};

@@ -10,6 +10,7 @@
 
 #include "checked_load.h"
 #include "checks.h"
+#include "linear.h"
 #include "seq2seq/sequence_checks.h"
 #include "transformer/cache.h"
 #include "transformer/options.h"
@@ -266,7 +267,8 @@ std::tuple<torch::Tensor, DecoderState> TransformerDecoderImpl::forward(const to
   for (int64_t i = 0; i < options.num_layers(); ++i) {
     std::tie(H, next) = block(i)->forward_checked(H, next, /*check_encoder=*/false);
   }
-  return {dense(H), std::move(next)};
+  // dense(H), split over threads where BLAS would not (linear.h).
+  return {detail::linear(H, dense->weight, dense->bias), std::move(next)};
 }
 
 std::array<std::vector<torch::Tensor>, 2> TransformerDecoderImpl::block_attention_weights() const {

@@ -13,6 +13,7 @@
 #include "attention_mask_internal.h"
 #include "checked_load.h"
 #include "checks.h"
+#include "linear.h"
 #include "seq2seq/sequence_checks.h"
 #include "transformer/options.h"
 
@@ -95,7 +96,10 @@ torch::Tensor PositionWiseFFNImpl::forward(const torch::Tensor& X) {
   TORCH_CHECK(X.defined() && X.dim() >= 1 && X.size(-1) == ffn_num_input,
               fmt::format("{}: X must end in ffn_num_input={} features, got {}", fn,
                           ffn_num_input, detail::shape_of(X)));
-  return dense2(relu(dense1(X)));
+  // dense2(relu(dense1(X))), the products split over ATen's threads where
+  // BLAS would run them on one (linear.h): a decoding step's few rows.
+  const auto H = relu(detail::linear(X, dense1->weight, dense1->bias));
+  return detail::linear(H, dense2->weight, dense2->bias);
 }
 
 // ---------------------------------------------------------------------------
