@@ -142,12 +142,12 @@ int64_t transposed_width(int64_t m) {
   return (m + S - 1) / S * S;
 }
 
+// Through registers a square at a time where transpose_into can (float):
+// element by element, packing one query's keys cost more than its scores.
 template <typename T>
 void pack_transposed_rows(const T* x, int64_t h, int64_t m, int64_t d, T* t) {
   const int64_t width = transposed_width<T>(m);
-  for (int64_t f = 0; f < d; ++f) {
-    for (int64_t j = 0; j < width; ++j) t[f * width + j] = j < m ? x[j * h + f] : T(0);
-  }
+  transpose_into(x, h, m, width, d, t, width);
 }
 
 // Lanes [j0, j0 + S) of row · t.
@@ -232,21 +232,29 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   const T sc = static_cast<T>(scale);
   parallel_heads(s, L, [&](int64_t b, int64_t head) {
     thread_local std::vector<T> scores, kept, keys_t;
-    const int64_t width = transposed_width<T>(s.m);
+    // Only the keys some row reads are packed: a cache's buffer holds more
+    // rows than it has filled (and decoding reads one query a head, so
+    // packing would otherwise cost more than the scores).
+    int64_t longest = 0;
+    for (int64_t i = 0; i < s.n; ++i) longest = std::max(longest, L.at(s, b, head, i));
+    const int64_t width = transposed_width<T>(longest);
     scores.resize(width);
     kept.resize(s.m);
     keys_t.resize(s.d * width);
     const int64_t e = b * s.heads + head;
     const T* kh = kp + b * s.m * s.h + head * s.d;
     const T* vh = vp + b * s.m * s.h + head * s.d;
-    pack_transposed_rows(kh, s.h, s.m, s.d, keys_t.data());
-    const bool one_vector = s.m <= Vectorized<T>::size();
+    pack_transposed_rows(kh, s.h, longest, s.d, keys_t.data());
+    const bool one_vector = longest <= Vectorized<T>::size();
     for (int64_t i = 0; i < s.n; ++i) {
       const int64_t len = L.at(s, b, head, i);
       const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
       T* wi = wp + (e * s.n + i) * s.m;
       if (one_vector && len > 0) {
-        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d, width), wi, len, s.m, sc);
+        constexpr int64_t S = Vectorized<T>::size();
+        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d, width), wi, len,
+                       std::min(s.m, S), sc);
+        if (s.m > S) std::fill(wi + S, wi + s.m, T(0));
       } else {
         row_times_transposed(qi, keys_t.data(), s.d, width, len, scores.data());
         softmax_row(scores.data(), wi, len, s.m, sc);

@@ -32,7 +32,14 @@ using serialize::StateDict;
 constexpr const char* kStream = "<stream>";
 
 std::string read_all(std::istream& in, const Source& source) {
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // In blocks: a character at a time (istreambuf_iterator) took 0.4 s for a
+  // model of 240 MB.
+  std::string bytes;
+  std::vector<char> block(std::size_t{1} << 20);
+  while (in.read(block.data(), static_cast<std::streamsize>(block.size())) || in.gcount() > 0) {
+    bytes.append(block.data(), static_cast<std::size_t>(in.gcount()));
+    if (!in) break;
+  }
   if (in.bad()) source.fail("read failed");
   return bytes;
 }
