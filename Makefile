@@ -114,7 +114,7 @@ endif
         multi-head python-weights python-transformer \
         fra-eng fashion-mnist bahdanau transformer vit-fashion-mnist seq2seq test check check-disk check-prune build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
-        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-nn bench-spread bench-dp device-sources \
+        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-generate bench-nn bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
@@ -552,6 +552,28 @@ bench-transformer:
 	python3 benchmarks/transformer_table.py $(BUILD2_DIR)/bench-transformer.json \
 	  --out $(BUILD2_DIR)/bench-transformer-report.md
 	cat $(BUILD2_DIR)/bench-transformer-report.md
+
+# d2l::generate beside CTranslate2 on the book's Transformer at two sizes
+# (benchmarks/ct2_table.py: greedy and beam 4, batch 1 and 32, 1 and 2
+# threads, whole processes; docs/generation.md's speed table). The library
+# runs on the torch 2.11 leg; CTranslate2 (PyPI, pinned) and the book's Python
+# in a venv over Debian's torch 1.13. CT2_TABLE_FLAGS=--scale 0.1: a quick run.
+CT2_VERSION     ?= 4.8.5
+CT2_VENV        ?= $(BUILD_DIR)/ct2-venv
+CT2_TABLE_FLAGS ?=
+$(CT2_VENV)/.ctranslate2-$(CT2_VERSION):
+	$(call install_missing,python3-venv $(PYTHON_PACKAGES))
+	/usr/bin/python3 -m venv --system-site-packages $(CT2_VENV)
+	$(CT2_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+	  ctranslate2==$(CT2_VERSION)
+	touch $@
+bench-generate: $(CT2_VENV)/.ctranslate2-$(CT2_VERSION)
+	$(MAKE) configure TORCH=wheel
+	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD2_DIR) -j $(JOBS) --target generate_ids
+	$(CT2_VENV)/bin/python benchmarks/ct2_table.py $(CT2_TABLE_FLAGS) \
+	  --generate-ids $(BUILD2_DIR)/benchmarks/generate_ids --work $(BUILD2_DIR)/ct2-bench \
+	  --out $(BUILD2_DIR)/bench-generate.json | tee $(BUILD2_DIR)/bench-generate-report.md
 
 # The drop-ins of <d2l/nn.h> beside torch::nn's modules, one process per
 # LibTorch: Debian's 1.13 (build/) and the 2.11 wheel (build-torch2/), at 1
