@@ -59,15 +59,19 @@ void rows_over_threads(const torch::Tensor& out, const torch::Tensor& a, const t
 // 1 before.
 constexpr int64_t kColumnSplitRows = cpu::kFewRows;
 
+// One thread's share of `columns` output columns, in whole cache lines of
+// out's rows.
+int64_t column_grain(int64_t columns) {
+  const int64_t threads = at::get_num_threads();
+  return ((columns + threads - 1) / threads + 15) / 16 * 16;
+}
+
 // out = a · b for `a` of few rows, by slices of the columns of b and out,
 // one slice per thread.
 void columns_over_threads(const torch::Tensor& out, const torch::Tensor& a,
                           const torch::Tensor& b) {
   const int64_t columns = b.size(1);
-  const int64_t threads = at::get_num_threads();
-  // Slices of whole cache lines of out's rows.
-  const int64_t grain = ((columns + threads - 1) / threads + 15) / 16 * 16;
-  at::parallel_for(0, columns, grain, [&](int64_t c0, int64_t c1) {
+  at::parallel_for(0, columns, column_grain(columns), [&](int64_t c0, int64_t c1) {
     torch::NoGradGuard no_grad;
     auto slice = out.narrow(1, c0, c1 - c0);
     at::mm_out(slice, a, b.narrow(1, c0, c1 - c0));
@@ -81,10 +85,8 @@ void few_rows_linear(const torch::Tensor& out, const torch::Tensor& x, const tor
   const auto xc = x.contiguous(), Wc = W.contiguous();
   const auto bc = bias.defined() ? bias.contiguous() : torch::empty({0}, W.options());
   const int64_t columns = W.size(0);
-  const int64_t threads = at::get_num_threads();
-  const int64_t grain = ((columns + threads - 1) / threads + 15) / 16 * 16;
   const auto& kernels = cpu::few_rows_linear_kernels();
-  at::parallel_for(0, columns, grain,
+  at::parallel_for(0, columns, column_grain(columns),
                    [&](int64_t c0, int64_t c1) { kernels.forward(xc, Wc, bc, out, c0, c1); });
 }
 

@@ -55,15 +55,6 @@ namespace {
 
 constexpr const char* kFn = "d2l::generate";
 
-// The number of rows of `weight` of the first parameter named `name` (an
-// embedding's vocabulary), or -1.
-int64_t rows_of(const torch::nn::Module& m, const std::string& name) {
-  for (const auto& p : m.named_parameters()) {
-    if (p.key() == name && p.value().dim() == 2) return p.value().size(0);
-  }
-  return -1;
-}
-
 struct Hyp {
   std::vector<int64_t> tokens;
   std::vector<double> log_probs;
@@ -324,31 +315,7 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
   detail::check_generation_options(kFn, o);
   auto& encoder_module = encoder.as_module();
   auto& decoder_module = decoder.as_module();
-  TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
-  const int64_t source_vocab = rows_of(encoder_module, "embedding.weight");
-  const int64_t target_vocab = rows_of(decoder_module, "embedding.weight");
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const auto& s = sources[i];
-    TORCH_CHECK(!s.empty(), fmt::format("{}: sources[{}] is empty: a source holds at least its "
-                                        "<eos>",
-                                        kFn, i));
-    for (size_t t = 0; t < s.size(); ++t) {
-      TORCH_CHECK(s[t] >= 0 && (source_vocab < 0 || s[t] < source_vocab),
-                  fmt::format("{}: sources[{}][{}] is {}, outside the encoder's vocabulary [0, {})",
-                              kFn, i, t, s[t], source_vocab));
-    }
-  }
-  if (source_vocab >= 0) {
-    TORCH_CHECK(o.pad_id() < source_vocab,
-                fmt::format("{}: pad_id {} is outside the encoder's vocabulary [0, {})", kFn,
-                            o.pad_id(), source_vocab));
-  }
-  if (target_vocab >= 0) {
-    TORCH_CHECK(o.start_id() < target_vocab && o.end_id() < target_vocab,
-                fmt::format("{}: start_id {} and end_id {} must be in the decoder's vocabulary "
-                            "[0, {})",
-                            kFn, o.start_id(), o.end_id(), target_vocab));
-  }
+  detail::check_generation_inputs(kFn, encoder_module, decoder_module, sources, o);
   const auto* attention_decoder = dynamic_cast<const AttentionDecoder*>(&decoder);
   TORCH_CHECK(!o.return_attention() || attention_decoder != nullptr,
               fmt::format("{}: return_attention needs a d2l::AttentionDecoder, got a decoder "

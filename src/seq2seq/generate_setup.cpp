@@ -1,4 +1,4 @@
-// d2l::generate's checks of its options (generate_setup.h).
+// d2l::generate's checks of its options and inputs (generate_setup.h).
 
 #include "seq2seq/generate_setup.h"
 
@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace d2l::detail {
 
@@ -49,6 +52,50 @@ void check_generation_options(const char* kFn, const GenerationOptions& o) {
   TORCH_CHECK(o.max_batch_size() >= 0,
               fmt::format("{}: max_batch_size must be 0 (one batch) or positive, got {}", kFn,
                           o.max_batch_size()));
+}
+
+namespace {
+
+// The number of rows of `weight` of the first parameter named `name` (an
+// embedding's vocabulary), or -1.
+int64_t rows_of(const torch::nn::Module& m, const std::string& name) {
+  for (const auto& p : m.named_parameters()) {
+    if (p.key() == name && p.value().dim() == 2) return p.value().size(0);
+  }
+  return -1;
+}
+
+}  // namespace
+
+void check_generation_inputs(const char* kFn, const torch::nn::Module& encoder,
+                             const torch::nn::Module& decoder,
+                             const std::vector<std::vector<int64_t>>& sources,
+                             const GenerationOptions& o) {
+  TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
+  const int64_t source_vocab = rows_of(encoder, "embedding.weight");
+  const int64_t target_vocab = rows_of(decoder, "embedding.weight");
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& s = sources[i];
+    TORCH_CHECK(!s.empty(), fmt::format("{}: sources[{}] is empty: a source holds at least its "
+                                        "<eos>",
+                                        kFn, i));
+    for (size_t t = 0; t < s.size(); ++t) {
+      TORCH_CHECK(s[t] >= 0 && (source_vocab < 0 || s[t] < source_vocab),
+                  fmt::format("{}: sources[{}][{}] is {}, outside the encoder's vocabulary [0, {})",
+                              kFn, i, t, s[t], source_vocab));
+    }
+  }
+  if (source_vocab >= 0) {
+    TORCH_CHECK(o.pad_id() < source_vocab,
+                fmt::format("{}: pad_id {} is outside the encoder's vocabulary [0, {})", kFn,
+                            o.pad_id(), source_vocab));
+  }
+  if (target_vocab >= 0) {
+    TORCH_CHECK(o.start_id() < target_vocab && o.end_id() < target_vocab,
+                fmt::format("{}: start_id {} and end_id {} must be in the decoder's vocabulary "
+                            "[0, {})",
+                            kFn, o.start_id(), o.end_id(), target_vocab));
+  }
 }
 
 }  // namespace d2l::detail

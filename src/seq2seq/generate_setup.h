@@ -1,11 +1,12 @@
 #pragma once
 
-// d2l::generate's set-up (generate_setup.cpp): its options' checks before
-// any computation, and evaluation mode for the call.
+// d2l::generate's set-up (generate_setup.cpp): its options' and inputs'
+// checks before any computation, and evaluation mode for the call.
 
 #include <d2l/generate.h>
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -15,6 +16,15 @@ namespace d2l::detail {
 /// Each option in its range and the combinations generate supports; a
 /// c10::Error naming `fn`, the option and its value otherwise.
 void check_generation_options(const char* fn, const GenerationOptions& options);
+
+/// The sources (not empty, each non-empty, ids inside the encoder's
+/// embedding) and the ids of `options` inside the encoder's and decoder's
+/// vocabularies, where their `embedding.weight` tells them; a c10::Error
+/// naming `fn` and the value otherwise.
+void check_generation_inputs(const char* fn, const torch::nn::Module& encoder,
+                             const torch::nn::Module& decoder,
+                             const std::vector<std::vector<int64_t>>& sources,
+                             const GenerationOptions& options);
 
 // Evaluation mode for the call, each module's own mode restored after it.
 // Module::train sets a module's children too, so the modes are restored
