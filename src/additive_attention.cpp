@@ -334,7 +334,7 @@ functional::AdditiveAttentionFuncOptions module_call(const AdditiveAttentionImpl
 torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& keys, const torch::Tensor& values,
                                              const AttentionMask& mask) {
-  const bool record = options.record_attention_weights();
+  const bool record = detail::records_weights(options.record_attention_weights());
   auto [output, weights] = detail::additive_attention(
       "d2l::AdditiveAttention", &options, queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention_weights, weights);

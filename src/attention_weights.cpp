@@ -33,6 +33,16 @@ torch::Tensor own_tensor(const torch::Tensor& weights) {
 
 }  // namespace
 
+namespace {
+thread_local bool weights_unread = false;
+}  // namespace
+
+bool records_weights(bool option) { return option && !weights_unread; }
+
+WeightsUnread::WeightsUnread() : previous_(std::exchange(weights_unread, true)) {}
+
+WeightsUnread::~WeightsUnread() { weights_unread = previous_; }
+
 torch::Tensor dropout_weights(const torch::Tensor& weights, double p, bool training) {
   return training && p > 0 ? torch::dropout(weights, p, training) : weights;
 }

@@ -32,7 +32,9 @@
 // * Seq2SeqEncoder and Seq2SeqDecoder keep no state between calls; the
 //   decoders' DecoderState is a value owned by the caller.
 // * record_attention_weights(false) (AdditiveAttention, DotProductAttention,
-//   MultiHeadAttention) stores nothing and takes no lock.
+//   MultiHeadAttention) stores nothing and takes no lock; nor does any call
+//   on a thread that holds a WeightsUnread guard (d2l::generate without
+//   return_attention).
 // * Not covered: anything that changes the module (to(), train()/eval(),
 //   reset(), loading, assigning parameters, an optimizer step) or copies it
 //   (clone(), which copies the recorded member without the lock) while a
@@ -58,5 +60,26 @@ void record_weights(torch::Tensor& slot, torch::Tensor weights);
 /// A copy of `slot` (the same tensor, not its data), read under the lock that
 /// record_weights takes: safe while other threads record into it.
 torch::Tensor load_weights(const torch::Tensor& slot);
+
+/// Whether a module whose record_attention_weights option is `option`
+/// records the weights of a call on this thread: not while a
+/// WeightsUnread guard lives on it.
+bool records_weights(bool option);
+
+/// While alive, the modules' calls on this thread record no attention
+/// weights, as if record_attention_weights were off (their recorded
+/// weights stay as they were): d2l::generate holds one when
+/// return_attention is off, since nothing reads them then, and recording
+/// costs a step allocations and a lock.
+class WeightsUnread {
+ public:
+  WeightsUnread();
+  ~WeightsUnread();
+  WeightsUnread(const WeightsUnread&) = delete;
+  WeightsUnread& operator=(const WeightsUnread&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace d2l::detail

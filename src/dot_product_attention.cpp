@@ -277,7 +277,7 @@ torch::Tensor DotProductAttentionImpl::forward(const torch::Tensor& queries,
                                                const torch::Tensor& keys,
                                                const torch::Tensor& values,
                                                const AttentionMask& mask) {
-  const bool record = options.record_attention_weights();
+  const bool record = detail::records_weights(options.record_attention_weights());
   auto [output, weights] =
       functional::dot_product_attention(queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention_weights, weights);
@@ -295,8 +295,9 @@ PathExplanation DotProductAttentionImpl::explain_path(const torch::Tensor& queri
                                                       const torch::Tensor& keys,
                                                       const torch::Tensor& values,
                                                       const AttentionMask& mask) const {
-  return d2l::explain_path(queries, keys, values,
-                           module_call(*this, mask, options.record_attention_weights()));
+  return d2l::explain_path(
+      queries, keys, values,
+      module_call(*this, mask, detail::records_weights(options.record_attention_weights())));
 }
 
 torch::Tensor DotProductAttentionImpl::last_attention_weights() const {

@@ -44,4 +44,16 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W,
                      const torch::Tensor& b = torch::Tensor(),
                      AttentionBackend backend = AttentionBackend::kAuto);
 
+/// out (rows, N) = x (rows, K) · Wᵀ (+ b) on arrays of the caller's (T:
+/// float or double, W's dtype; W (N, K) and b (N) or undefined contiguous
+/// on the CPU), without autograd, for callers that hold their own buffers
+/// (the 0.17 Transformer decoder's fused step). Products of fewer than
+/// 2^18 multiply-adds run on the calling thread on the few-rows kernel (no
+/// tensor made, no dispatch); larger ones as linear() runs them: the
+/// few-rows kernel by slices of W's rows over ATen's threads below
+/// cpu::kFewRows rows, else BLAS (split by rows where
+/// linear_splits_over_threads says).
+template <typename T>
+void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b);
+
 }  // namespace d2l::detail

@@ -223,7 +223,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
                                               const torch::Tensor& keys,
                                               const torch::Tensor& values,
                                               const AttentionMask& mask) {
-  const bool record = attention->options.record_attention_weights();
+  const bool record = detail::records_weights(attention->options.record_attention_weights());
   auto [output, weights] = detail::checked_multi_head_attention(
       "d2l::MultiHeadAttention", &options, queries, keys, values, module_call(*this, mask, record));
   if (record) detail::record_weights(attention->attention_weights, std::move(weights));
@@ -243,7 +243,8 @@ PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& querie
                                                      const AttentionMask& mask) const {
   return detail::explain_multi_head_attention(
       "d2l::MultiHeadAttention", &options, queries, keys, values,
-      module_call(*this, mask, attention->options.record_attention_weights()));
+      module_call(*this, mask,
+                  detail::records_weights(attention->options.record_attention_weights())));
 }
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {

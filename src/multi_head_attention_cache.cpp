@@ -184,6 +184,24 @@ void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
   append(cache, k, v, grad);
 }
 
+void reserve_keys_values(MultiHeadAttentionCache& cache, const MultiHeadAttentionImpl& m,
+                         int64_t batch, int64_t needed, int64_t minimum) {
+  auto& keys = Access::keys(cache);
+  auto& values = Access::values(cache);
+  const int64_t length = Access::length(cache);
+  if (length == 0) {
+    const auto& W = m.W_k->weight;
+    const int64_t capacity = std::max<int64_t>(needed, minimum);
+    keys = torch::empty({batch, capacity, W.size(0)}, W.options());
+    values = torch::empty({batch, capacity, m.W_v->weight.size(0)}, W.options());
+    record_sources(cache, m);
+  } else if (needed > keys.size(1)) {
+    const int64_t capacity = std::max<int64_t>(needed, 2 * keys.size(1));
+    keys = regrow(keys, keys, length, capacity);
+    values = regrow(values, values, length, capacity);
+  }
+}
+
 }  // namespace detail
 
 void MultiHeadAttentionImpl::extend_cache(MultiHeadAttentionCache& cache, const torch::Tensor& keys,

@@ -87,4 +87,13 @@ int64_t batch_of(const torch::Tensor& new_keys, const MultiHeadAttentionCache& c
 void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
                     const torch::Tensor& keys, const torch::Tensor& values, bool grad);
 
+/// Room for `needed` keys in the cache's buffers, (batch, capacity,
+/// num_hiddens) in m's dtype and on its device, for a caller that writes the
+/// projections itself (the 0.17 Transformer decoder's fused step): an empty
+/// cache gets buffers of max(needed, minimum) keys and records m's W_k and
+/// W_v as its sources; a full one grows as appending grows it (doubling, the
+/// filled rows copied). The length stays.
+void reserve_keys_values(MultiHeadAttentionCache& cache, const MultiHeadAttentionImpl& m,
+                         int64_t batch, int64_t needed, int64_t minimum = 8);
+
 }  // namespace d2l::detail

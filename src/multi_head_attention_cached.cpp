@@ -167,7 +167,7 @@ torch::Tensor MultiHeadAttentionImpl::forward_cached(const torch::Tensor& querie
   const auto [grad, batch, held] =
       check_cached_call(fn, *this, queries, new_keys, new_values, cache);
   const bool log = detail::logging_paths();
-  const bool record = attention->options.record_attention_weights();
+  const bool record = detail::records_weights(attention->options.record_attention_weights());
   // Checked before the cache changes: a refused call leaves it as it was.
   const auto c = plan_cached(fn, *this, queries, batch, held, mask, grad, record, log);
   if (new_keys.defined()) detail::extend_checked(*this, cache, new_keys, new_values, grad);
@@ -194,8 +194,9 @@ PathExplanation MultiHeadAttentionImpl::explain_path_cached(const torch::Tensor&
   constexpr const char* fn = "d2l::MultiHeadAttention::forward_cached";
   const auto [grad, batch, held] =
       check_cached_call(fn, *this, queries, new_keys, new_values, cache);
-  const auto c = plan_cached(fn, *this, queries, batch, held, mask, grad,
-                             attention->options.record_attention_weights(), true);
+  const auto c =
+      plan_cached(fn, *this, queries, batch, held, mask, grad,
+                  detail::records_weights(attention->options.record_attention_weights()), true);
   auto selection = c.selection;
   const bool small = selection.path == detail::MultiHeadPath::kSmallHeads;
   return {fn, c.call.backend(), small ? "small_heads" : detail::to_string(selection.per_head),

@@ -108,7 +108,7 @@ torch::Tensor NWKernelRegressionImpl::forward(const torch::Tensor& queries,
   detail::check_same_device(fn, "w", w, "queries", queries);
   detail::check_same_dtype(fn, "w", w, "queries", queries);
   auto [output, weights] = checked_nw_kernel_regression(fn, queries, keys, values, w);
-  detail::record_weights(attention_weights, std::move(weights));
+  if (detail::records_weights(true)) detail::record_weights(attention_weights, std::move(weights));
   return output;
 }
 

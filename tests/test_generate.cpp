@@ -510,6 +510,34 @@ TEST(Generate, ReturnsAttentionOfEveryToken) {
   }
 }
 
+TEST(Generate, RecordsAttentionWeightsOnlyWhenReturningThem) {
+  // Every decoder that records weights: what generate leaves in its modules.
+  for (const auto& m : models()) {
+    SCOPED_TRACE(m.name);
+    const auto recorded = [&] {
+      std::vector<torch::Tensor> out;
+      for (const auto& module : m.net->modules()) {
+        if (auto* a = module->as<d2l::DotProductAttention>()) out.push_back(a->attention_weights);
+        if (auto* a = module->as<d2l::AdditiveAttention>()) out.push_back(a->attention_weights);
+        if (auto* a = module->as<d2l::v1::AdditiveAttention>()) out.push_back(a->attention_weights);
+      }
+      return out;
+    };
+    const auto before = recorded();  // from model_of's calls
+    d2l::generate(*m.encoder, *m.decoder, sources(3, 5), options(4));
+    const auto without = recorded();
+    ASSERT_EQ(without.size(), before.size());
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_TRUE(before[i].defined()) << i;
+      EXPECT_TRUE(without[i].is_same(before[i])) << i;  // left as they were
+    }
+    if (dynamic_cast<d2l::AttentionDecoder*>(m.decoder) == nullptr) continue;
+    d2l::generate(*m.encoder, *m.decoder, sources(2, 4), options(4).return_attention(true));
+    const auto with = recorded();
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_FALSE(with[i].is_same(before[i])) << i;
+  }
+}
+
 TEST(Generate, RefusesBadOptionsAndSources) {
   const auto m = models()[2];
   const auto srcs = sources(2, 10);

@@ -11,6 +11,9 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/nn/functional/linear.h>
+#include <torch/types.h>
+
+#include <type_traits>
 
 #include <d2l/backend.h>
 
@@ -195,9 +198,58 @@ torch::Tensor mm_over_threads(const torch::Tensor& a, const torch::Tensor& b) {
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
                      AttentionBackend backend) {
   if (select_linear(x, W, b, backend) == LinearPath::kFunctional) {
+    // Without autograd, a contiguous input as one 2-D product: at::linear's
+    // matmul adds reshapes, transposes and conjugate checks (about ten ATen
+    // calls a product).
+    if (!torch::GradMode::is_enabled() && backend != AttentionBackend::kComposite && x.dim() >= 2 &&
+        x.is_contiguous() && W.dim() == 2 && x.size(-1) == W.size(1) && x.device().is_cpu()) {
+      const auto x2 = x.view({-1, x.size(-1)});
+      auto sizes = x.sizes().vec();
+      sizes.back() = W.size(0);
+      return (b.defined() ? at::addmm(b, x2, W.t()) : at::mm(x2, W.t())).view(sizes);
+    }
     return torch::nn::functional::linear(x, W, b);
   }
   return ParallelLinearFunction::apply(x, W, b.defined() ? b : torch::empty({0}, W.options()));
 }
+
+template <typename T>
+void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b) {
+  const int64_t N = W.size(0), K = W.size(1);
+  const T* w = W.data_ptr<T>();
+  const T* bias = b.defined() ? b.data_ptr<T>() : nullptr;
+  const auto& kernels = cpu::few_rows_linear_kernels();
+  const auto forward = [&] {
+    if constexpr (std::is_same_v<T, float>) {
+      return kernels.forward_float;
+    } else {
+      return kernels.forward_double;
+    }
+  }();
+  const int64_t multiply_adds = rows * K * N;
+  if (multiply_adds < kMinMultiplyAdds || at::in_parallel_region()) {
+    forward(x, rows, K, w, N, bias, out, 0, N);
+  } else if (rows < kColumnSplitRows) {
+    at::parallel_for(0, N, column_grain(N),
+                     [&](int64_t c0, int64_t c1) { forward(x, rows, K, w, N, bias, out, c0, c1); });
+  } else {
+    const auto options = W.options();
+    // The caller's arrays as tensors (their memory, no copy).
+    const auto xt = torch::from_blob(const_cast<T*>(x), {rows, K}, options);
+    auto yt = torch::from_blob(out, {rows, N}, options);
+    if (product_splits(rows, multiply_adds)) {
+      rows_over_threads(yt, xt, W.t(), b);
+    } else if (b.defined()) {
+      at::addmm_out(yt, b, xt, W.t());
+    } else {
+      at::mm_out(yt, xt, W.t());
+    }
+  }
+}
+
+template void linear_into<float>(float*, const float*, int64_t, const torch::Tensor&,
+                                 const torch::Tensor&);
+template void linear_into<double>(double*, const double*, int64_t, const torch::Tensor&,
+                                  const torch::Tensor&);
 
 }  // namespace d2l::detail

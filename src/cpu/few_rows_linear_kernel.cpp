@@ -75,13 +75,8 @@ void few_rows_block(const T* x, const T* w, int64_t nc, int64_t K, const T* bias
 }
 
 template <typename T>
-void few_rows_typed(const at::TensorBase& x, const at::TensorBase& W, const at::TensorBase& bias,
-                    const at::TensorBase& out, int64_t c0, int64_t c1) {
-  const int64_t rows = x.size(0), K = x.size(1), N = W.size(0);
-  const T* xp = x.data_ptr<T>();
-  const T* wp = W.data_ptr<T>();
-  const T* bp = bias.numel() > 0 ? bias.data_ptr<T>() : nullptr;
-  T* op = out.data_ptr<T>();
+void few_rows_raw(const T* xp, int64_t rows, int64_t K, const T* wp, int64_t N, const T* bp, T* op,
+                  int64_t c0, int64_t c1) {
   for (int64_t c = c0; c < c1; c += kWeightRows) {
     const int64_t nc = std::min(kWeightRows, c1 - c);
     const T* w = wp + c * K;
@@ -90,6 +85,13 @@ void few_rows_typed(const at::TensorBase& x, const at::TensorBase& W, const at::
     for (; r + 2 <= rows; r += 2) few_rows_block<T, 2>(xp + r * K, w, nc, K, b, op + r * N + c, N);
     if (r < rows) few_rows_block<T, 1>(xp + r * K, w, nc, K, b, op + r * N + c, N);
   }
+}
+
+template <typename T>
+void few_rows_typed(const at::TensorBase& x, const at::TensorBase& W, const at::TensorBase& bias,
+                    const at::TensorBase& out, int64_t c0, int64_t c1) {
+  few_rows_raw<T>(x.data_ptr<T>(), x.size(0), x.size(1), W.data_ptr<T>(), W.size(0),
+                  bias.numel() > 0 ? bias.data_ptr<T>() : nullptr, out.data_ptr<T>(), c0, c1);
 }
 
 void few_rows_forward(const at::TensorBase& x, const at::TensorBase& W, const at::TensorBase& bias,
@@ -101,7 +103,8 @@ void few_rows_forward(const at::TensorBase& x, const at::TensorBase& W, const at
 }  // namespace
 
 const FewRowsLinearKernels& few_rows_linear_kernels() {
-  static const FewRowsLinearKernels table{&few_rows_forward};
+  static const FewRowsLinearKernels table{&few_rows_forward, &few_rows_raw<float>,
+                                          &few_rows_raw<double>};
   return table;
 }
 

@@ -14,8 +14,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
+#include "attention_weights.h"
 #include "checks.h"
 #include "seq2seq/generate_setup.h"
 
@@ -141,8 +143,15 @@ void decode_batch(Encoder& encoder, Decoder& decoder,
         last.push_back(h.tokens.empty() ? o.start_id() : h.tokens.back());
     }
     const auto R = static_cast<int64_t>(last.size());
+    torch::Tensor X;
+    if (device.is_cpu()) {  // one ATen call rather than torch::tensor's and a view's
+      X = torch::empty({R, 1}, long_options);
+      std::copy(last.begin(), last.end(), X.data_ptr<int64_t>());
+    } else {
+      X = torch::tensor(last, long_options).view({R, 1});
+    }
     torch::Tensor Y;
-    std::tie(Y, state) = decoder.forward(torch::tensor(last, long_options).view({R, 1}), state);
+    std::tie(Y, state) = decoder.forward(X, state);
     TORCH_CHECK(Y.dim() == 3 && Y.size(0) == R && Y.size(1) == 1,
                 fmt::format("{}: the decoder must return logits (batch={}, 1, vocab_size) for one "
                             "step, got {}",
@@ -152,7 +161,11 @@ void decode_batch(Encoder& encoder, Decoder& decoder,
         o.end_id() < V && o.start_id() < V,
         fmt::format("{}: start_id {} and end_id {} must be below the decoder's vocab_size {}", kFn,
                     o.start_id(), o.end_id(), V));
-    auto logits = Y.select(1, 0).to(torch::kCPU, torch::kFloat).contiguous();
+    auto logits = Y.select(1, 0);
+    if (!Y.device().is_cpu() || Y.scalar_type() != torch::kFloat) {
+      logits = logits.to(torch::kCPU, torch::kFloat);
+    }
+    logits = logits.contiguous();
     if (step < o.min_length()) logits.select(1, o.end_id()).fill_(kNone);
     const auto log_probs = torch::log_softmax(logits, 1).contiguous();
     const float* lp = log_probs.data_ptr<float>();
@@ -324,6 +337,9 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
 
   const detail::EvalGuard eval({&encoder_module, &decoder_module});
   torch::NoGradGuard no_grad;
+  // Weights nobody reads are not recorded (Note [Recording attention weights]).
+  std::optional<detail::WeightsUnread> unread;
+  if (!o.return_attention()) unread.emplace();
   torch::Device device = torch::kCPU;
   for (const auto& p : encoder_module.parameters()) {
     device = p.device();

@@ -257,7 +257,7 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
         attention->W_q(query), keys, state.enc_outputs, attention->w_v->weight,
         state.enc_valid_lens, attention->dropout->options.p(), attention->dropout->is_training(),
         attention->options.backend());
-    if (attention->options.record_attention_weights()) {
+    if (detail::records_weights(attention->options.record_attention_weights())) {
       detail::record_weights(attention->attention_weights, step_weights);
     }
     const auto x = torch::cat({context, embedded[t].unsqueeze(1)}, -1);
@@ -266,7 +266,9 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
     outputs.push_back(std::move(out));
     weights.push_back(std::move(step_weights));
   }
-  detail::record_weights(attention_weights_, torch::cat(weights, 1));
+  if (detail::records_weights(true)) {
+    detail::record_weights(attention_weights_, torch::cat(weights, 1));
+  }
   DecoderState next = state;
   next.hidden_state = std::move(hidden_state);
   return {dense(torch::cat(outputs, 0)).permute({1, 0, 2}), std::move(next)};

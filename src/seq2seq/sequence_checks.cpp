@@ -1,8 +1,10 @@
 #include "seq2seq/sequence_checks.h"
 
+#include <ATen/Dispatch.h>
 #include <c10/util/Type.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <typeinfo>
 
 #include "checks.h"
@@ -130,12 +132,25 @@ torch::Tensor checked_tokens(const char* fn, const torch::Tensor& X,
                           c10::toString(X.scalar_type())));
   check_same_device(fn, "embedding.weight", embedding->weight, "X", X);
   const int64_t vocab_size = embedding->options.num_embeddings();
-  const auto [lo, hi] = torch::aminmax(X);
-  const int64_t min_id = lo.item<int64_t>(), max_id = hi.item<int64_t>();
+  int64_t min_id = 0, max_id = 0;
+  if (X.device().is_cpu()) {
+    // Read in place: a decoding step's few ids cost less than one ATen call.
+    const auto ids = X.contiguous();
+    AT_DISPATCH_INTEGRAL_TYPES(ids.scalar_type(), "d2l::checked_tokens", [&] {
+      const scalar_t* p = ids.data_ptr<scalar_t>();
+      const auto [lo, hi] = std::minmax_element(p, p + ids.numel());
+      min_id = static_cast<int64_t>(*lo);
+      max_id = static_cast<int64_t>(*hi);
+    });
+  } else {
+    const auto [lo, hi] = torch::aminmax(X);
+    min_id = lo.item<int64_t>();
+    max_id = hi.item<int64_t>();
+  }
   TORCH_CHECK(min_id >= 0 && max_id < vocab_size,
               fmt::format("{}: X must hold token ids in [0, vocab_size={}), got ids from {} to {}",
                           fn, vocab_size, min_id, max_id));
-  return X.to(torch::kLong);
+  return X.scalar_type() == torch::kLong ? X : X.to(torch::kLong);
 }
 
 void check_enc_valid_lens(const char* fn, const char* name, const torch::Tensor& lens,

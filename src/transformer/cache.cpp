@@ -1,30 +1,41 @@
 #include "transformer/cache.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace d2l::detail {
 
 bool BlockCache::serves(const torch::Tensor& key_values) const {
   if (!key_values.defined()) return length == 0;
-  return length > 0 && key_values.size(1) == length && inputs.defined() &&
-         key_values.data_ptr() == inputs.data_ptr() &&
-         key_values.sizes() == filled_inputs().sizes() && key_values.strides() == inputs.strides();
+  // Sizes and strides compared without a view made: this runs every step.
+  return length > 0 && inputs.defined() && key_values.dim() == 3 &&
+         key_values.data_ptr() == inputs.data_ptr() && key_values.size(0) == inputs.size(0) &&
+         key_values.size(1) == length && key_values.size(2) == inputs.size(2) &&
+         key_values.strides() == inputs.strides();
+}
+
+void BlockCache::reserve_inputs(int64_t batch, int64_t needed, int64_t num_hiddens,
+                                const torch::TensorOptions& options) {
+  if (inputs.defined() && needed <= inputs.size(1)) return;
+  const int64_t capacity =
+      std::max<int64_t>({needed, inputs.defined() ? 2 * inputs.size(1) : 0, 8});
+  auto grown = torch::empty({batch, capacity, num_hiddens}, options);
+  if (length > 0) grown.narrow(1, 0, length).copy_(inputs.narrow(1, 0, length));
+  inputs = std::move(grown);
 }
 
 void BlockCache::append_inputs(const torch::Tensor& X) {
   const int64_t steps = X.size(1), needed = length + steps;
-  if (!inputs.defined() || needed > inputs.size(1)) {
-    const int64_t capacity =
-        std::max<int64_t>({needed, inputs.defined() ? 2 * inputs.size(1) : 0, 8});
-    auto grown = torch::empty({X.size(0), capacity, X.size(2)}, X.options());
-    if (length > 0) grown.narrow(1, 0, length).copy_(inputs.narrow(1, 0, length));
-    inputs = std::move(grown);
-  }
+  reserve_inputs(X.size(0), needed, X.size(2), X.options());
   inputs.narrow(1, length, steps).copy_(X);
   length = needed;
 }
 
-torch::Tensor BlockCache::filled_inputs() const { return inputs.narrow(1, 0, length); }
+torch::Tensor BlockCache::filled_inputs() const {
+  // narrow's view in one ATen call rather than three (narrow, slice, as_strided).
+  return inputs.as_strided({inputs.size(0), length, inputs.size(2)}, inputs.strides(),
+                           inputs.storage_offset());
+}
 
 std::shared_ptr<DecoderCache> TransformerDecoderCache::select_rows(const DecoderState& state,
                                                                    const torch::Tensor& index,

@@ -52,6 +52,10 @@ struct BlockCache {
   /// Writes rows [length, length + s) of X (B, s, h), growing the buffer by
   /// doubling when full.
   void append_inputs(const torch::Tensor& X);
+  /// Room for `needed` rows of (batch, num_hiddens), growing the
+  /// buffer as append_inputs does; the length stays.
+  void reserve_inputs(int64_t batch, int64_t needed, int64_t num_hiddens,
+                      const torch::TensorOptions& options);
   torch::Tensor filled_inputs() const;
 };
 

@@ -13,6 +13,7 @@
 #include "linear.h"
 #include "seq2seq/sequence_checks.h"
 #include "transformer/cache.h"
+#include "transformer/fused_step.h"
 #include "transformer/options.h"
 
 namespace d2l {
@@ -259,6 +260,12 @@ std::tuple<torch::Tensor, DecoderState> TransformerDecoderImpl::forward(const to
                           "got {}: a state from init_state of another decoder?",
                           fn, options.num_layers(), state.key_values.size()));
   check_encoder_state(fn, state, X.size(0), options.block(), embedding->weight);
+  if (detail::why_not_fused_step(*this, tokens, state).empty()) {
+    // Note [The fused decoder step]: a decoding step in one pass.
+    DecoderState next = state;
+    auto Y = detail::fused_step(*this, tokens, state, next);
+    return {std::move(Y), std::move(next)};
+  }
   // As the book: every call adds positions 0, 1, ... to its own tokens, also
   // when it decodes one token after others.
   auto H = pos_encoding(embedding(tokens) *
@@ -269,6 +276,24 @@ std::tuple<torch::Tensor, DecoderState> TransformerDecoderImpl::forward(const to
   }
   // dense(H), split over threads where BLAS would not (linear.h).
   return {detail::linear(H, dense->weight, dense->bias), std::move(next)};
+}
+
+PathExplanation TransformerDecoderImpl::explain_step(const torch::Tensor& X,
+                                                     const DecoderState& state) const {
+  PathExplanation out{"d2l::TransformerDecoder", AttentionBackend::kAuto, "fused_step", {}};
+  std::string why;
+  if (!X.defined() || X.dim() != 2 || X.size(0) == 0) {
+    why = fmt::format("X {} is not (batch_size, steps) token ids", detail::shape_of(X));
+  } else if (static_cast<int64_t>(state.key_values.size()) != options.num_layers()) {
+    why = "state.key_values without one entry per block: not this decoder's init_state";
+  } else {
+    why = detail::why_not_fused_step(*this, X, state);
+  }
+  if (!why.empty()) {
+    out.path = "blocks";
+    out.reasons.push_back("fused_step: " + why);
+  }
+  return out;
 }
 
 std::array<std::vector<torch::Tensor>, 2> TransformerDecoderImpl::block_attention_weights() const {

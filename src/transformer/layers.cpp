@@ -15,6 +15,7 @@
 #include "checks.h"
 #include "linear.h"
 #include "seq2seq/sequence_checks.h"
+#include "transformer/fused_step.h"
 #include "transformer/options.h"
 
 namespace d2l {
@@ -60,7 +61,8 @@ torch::Tensor PositionalEncodingImpl::forward(const torch::Tensor& X) {
   TORCH_CHECK(X.size(1) <= max_len,
               fmt::format("{}: X has {} steps, more than the positional table's max_len={} (X {})",
                           fn, X.size(1), max_len, detail::shape_of(X)));
-  return dropout(X + P.narrow(1, 0, X.size(1)).to(X.options()));
+  const auto Z = X + P.narrow(1, 0, X.size(1)).to(X.options());
+  return dropout->is_training() ? dropout(Z) : Z;
 }
 
 // ---------------------------------------------------------------------------
@@ -138,7 +140,8 @@ torch::Tensor AddNormImpl::forward(const torch::Tensor& X, const torch::Tensor& 
                           "got X {} and Y {}",
                           fn, fmt::join(normalized_shape, ", "), detail::shape_of(X),
                           detail::shape_of(Y)));
-  return ln(dropout(Y) + X);
+  // In evaluation the dropout is the identity: not dispatched.
+  return ln((dropout->is_training() ? dropout(Y) : Y) + X);
 }
 
 // ---------------------------------------------------------------------------
@@ -234,12 +237,31 @@ EncoderOutput TransformerEncoderImpl::forward_masked(const torch::Tensor& X,
   const auto steps = torch::empty({1}, weight.options())
                          .expand({X.size(0), X.size(1), options.block().num_hiddens()});
   detail::check_masks(fn, mask, steps, steps, options.block().num_heads());
+  if (detail::why_not_fused_encoder(*this, tokens, mask).empty()) {
+    EncoderOutput out;
+    out.outputs = detail::fused_encoder(*this, tokens, mask);
+    return out;
+  }
   // The positional encoding lies in [-1, 1]: the embedding is scaled up first.
   auto H = pos_encoding(embedding(tokens) *
                         std::sqrt(static_cast<double>(options.block().num_hiddens())));
   for (int64_t i = 0; i < options.num_layers(); ++i) H = block(i)->forward(H, mask);
   EncoderOutput out;
   out.outputs = std::move(H);
+  return out;
+}
+
+PathExplanation TransformerEncoderImpl::explain_forward(const torch::Tensor& X,
+                                                        const AttentionMask& mask) const {
+  PathExplanation out{"d2l::TransformerEncoder", AttentionBackend::kAuto, "fused_pass", {}};
+  const auto why =
+      X.defined() && X.dim() == 2
+          ? detail::why_not_fused_encoder(*this, X, mask)
+          : fmt::format("X {} is not (batch_size, steps) token ids", detail::shape_of(X));
+  if (!why.empty()) {
+    out.path = "blocks";
+    out.reasons.push_back("fused_pass: " + why);
+  }
   return out;
 }
 

@@ -94,7 +94,9 @@ torch::Tensor AdditiveAttentionImpl::forward(const torch::Tensor& queries,
   ensure_widths(fn, queries, keys, values);
   auto [output, weights] =
       functional::additive_attention(queries, keys, values, call(fn, mask, /*need_weights=*/true));
-  d2l::detail::record_weights(attention_weights, std::move(weights));
+  if (d2l::detail::records_weights(true)) {
+    d2l::detail::record_weights(attention_weights, std::move(weights));
+  }
   return output;
 }
 
@@ -187,7 +189,7 @@ torch::Tensor MultiHeadAttentionImpl::forward(const torch::Tensor& queries,
   d2l::detail::LazyCallGuard lazy_guard(*this);  // a refused call fixes no width
   const char* fn = "d2l::v1::MultiHeadAttention";
   ensure_widths(fn, queries, keys, values);
-  const bool record = attention->options.record_attention_weights();
+  const bool record = detail::records_weights(attention->options.record_attention_weights());
   auto [output, weights] = d2l::detail::checked_multi_head_attention(fn, nullptr, queries, keys, values,
                                                                 call(fn, mask, record));
   if (record) d2l::detail::record_weights(attention->attention_weights, std::move(weights));
@@ -211,7 +213,7 @@ PathExplanation MultiHeadAttentionImpl::explain_path(const torch::Tensor& querie
   const char* fn = "d2l::v1::MultiHeadAttention";
   return d2l::detail::explain_multi_head_attention(
       fn, nullptr, queries, keys, values,
-      call(fn, mask, attention->options.record_attention_weights()));
+      call(fn, mask, detail::records_weights(attention->options.record_attention_weights())));
 }
 
 torch::Tensor MultiHeadAttentionImpl::last_attention_weights() const {

@@ -285,8 +285,10 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
     outputs.push_back(std::move(out));
     weights.push_back(std::move(step_weights));
   }
-  d2l::detail::record_weights(attention->attention_weights, weights.back());
-  d2l::detail::record_weights(attention_weights_, torch::cat(weights, 1));
+  if (d2l::detail::records_weights(true)) {
+    d2l::detail::record_weights(attention->attention_weights, weights.back());
+    d2l::detail::record_weights(attention_weights_, torch::cat(weights, 1));
+  }
   DecoderState next = state;
   next.hidden_state = std::move(hidden_state);
   return {dense(torch::cat(outputs, 0)).permute({1, 0, 2}), std::move(next)};

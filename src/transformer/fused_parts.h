@@ -1,0 +1,122 @@
+#pragma once
+
+// What the fused passes of the 0.17 Transformer share (fused_step.cpp: the
+// decoder's step; fused_encoder.cpp: the encoder; Note [The fused decoder
+// step]): the checks that the modules let a pass stand in for them, and the
+// pieces of a block on the pass's own arrays.
+
+#include <d2l/transformer.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention_weights.h"
+#include "cpu/multi_head_attention_kernel.h"
+
+namespace d2l::detail::fused {
+
+/// Why the modules of a pass (the blocks' attention, add & norm and FFN,
+/// in `blocks`) may not be run by it: training mode, a backend other than
+/// kAuto and kFused, sizes other than num_hiddens, parameters not contiguous
+/// in `type` on the CPU. Empty when they may.
+std::string why_not_modules(const TransformerBlockOptions& o,
+                            const std::vector<const torch::nn::Module*>& training_modules,
+                            const std::vector<const MultiHeadAttentionImpl*>& attentions,
+                            const std::vector<torch::Tensor>& parameters, c10::ScalarType type,
+                            int64_t block);
+
+/// The parameters of an attention's projections, an add & norm's layer norm
+/// and an FFN, appended to `out`.
+void append_parameters(const MultiHeadAttentionImpl& m, std::vector<torch::Tensor>& out);
+void append_parameters(const AddNormImpl& a, std::vector<torch::Tensor>& out);
+void append_parameters(const PositionWiseFFNImpl& f, std::vector<torch::Tensor>& out);
+
+/// Whether a dropout module draws: in training mode.
+inline bool draws(const torch::nn::Dropout& dropout) { return dropout->is_training(); }
+
+/// out = layer_norm(a + b) over rows of h features (AddNorm in evaluation:
+/// ln(dropout(Y) + X)), the moments in double.
+template <typename T>
+void add_layer_norm(const AddNorm& addnorm, const T* a, const T* b, int64_t rows, int64_t h,
+                    T* out) {
+  const auto& ln = addnorm->ln;
+  const T* gamma = ln->weight.data_ptr<T>();
+  const T* beta = ln->bias.data_ptr<T>();
+  const double eps = ln->options.eps();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* o = out + r * h;
+    double sum = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      o[j] = a[r * h + j] + b[r * h + j];
+      sum += o[j];
+    }
+    const double mean = sum / static_cast<double>(h);
+    double squares = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      const double c = o[j] - mean;
+      squares += c * c;
+    }
+    const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(h) + eps);
+    for (int64_t j = 0; j < h; ++j) {
+      o[j] = static_cast<T>((o[j] - mean) * rstd) * gamma[j] + beta[j];
+    }
+  }
+}
+
+/// x[r] = embedding[ids[r]] · sqrt(h) + P[position of r] for B rows of n
+/// tokens, positions 0..n-1 (as PositionalEncoding in evaluation).
+template <typename T>
+void embed(const TransformerOptions& o, const torch::nn::Embedding& embedding,
+           const PositionalEncoding& positions, const int64_t* ids, int64_t B, int64_t n, T* x) {
+  const int64_t h = o.block().num_hiddens();
+  const T* E = embedding->weight.data_ptr<T>();
+  const float* P = positions->P.data_ptr<float>();
+  const auto scale = static_cast<T>(std::sqrt(static_cast<double>(h)));
+  for (int64_t r = 0; r < B * n; ++r) {
+    const float* p = P + (r % n) * h;
+    const T* e = E + ids[r] * h;
+    for (int64_t j = 0; j < h; ++j) x[r * h + j] = e[j] * scale + static_cast<T>(p[j]);
+  }
+}
+
+template <typename T>
+void relu(T* x, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) x[k] = std::max(x[k], T(0));
+}
+
+/// m's heads on the small-heads kernel, as its own small-heads path runs
+/// them: queries q (B, n, h), keys and values k and v (B, capacity, h) with
+/// the heads side by side, each row over its first `lens` keys (empty: all
+/// of them); the heads joined into `joined` (B, n, h). The weights are
+/// recorded where m records them, the first `held` keys of each row.
+template <typename T>
+void heads(MultiHeadAttentionImpl& m, const torch::Tensor& q, const torch::Tensor& k,
+           const torch::Tensor& v, const at::TensorBase& lens, int64_t held, T* joined) {
+  const int64_t B = q.size(0), n = q.size(1), h = q.size(2);
+  const int64_t heads = m.options.num_heads(), capacity = k.size(1);
+  const auto options = q.options();
+  const auto out = torch::from_blob(joined, {B, n, h}, options);
+  const bool record = records_weights(m.attention->options.record_attention_weights());
+  std::vector<T> scratch;
+  torch::Tensor weights;
+  if (record) {
+    weights = torch::empty({B * heads, n, capacity}, options);
+  } else {
+    scratch.resize(static_cast<size_t>(B * heads * n * capacity));
+    weights = torch::from_blob(scratch.data(), {B * heads, n, capacity}, options);
+  }
+  static const auto no_noise = torch::empty({0});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(h / heads));
+  cpu::multi_head_attention_kernels().forward(q, k, v, lens, no_noise, heads, scale, weights, out);
+  if (record) {
+    // narrow's view in one ATen call (rather than narrow's, slice's and as_strided's).
+    record_weights(
+        m.attention->attention_weights,
+        held == capacity ? weights : weights.as_strided({B * heads, n, held}, weights.strides()));
+  }
+}
+
+}  // namespace d2l::detail::fused
