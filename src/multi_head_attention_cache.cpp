@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "checks.h"
@@ -35,10 +36,9 @@ MultiHeadAttentionCache MultiHeadAttentionCache::clone() const {
 MultiHeadAttentionCache MultiHeadAttentionCache::select_rows(const torch::Tensor& index) const {
   MultiHeadAttentionCache copy = *this;
   if (keys_.defined()) {
-    // The whole buffers: the rows past length_ are at most as many as the
-    // filled ones, and one index_select is one pass.
-    copy.keys_ = keys_.index_select(0, index);
-    copy.values_ = values_.index_select(0, index);
+    // The filled keys of each row; the buffers keep their capacity.
+    copy.keys_ = detail::gather_rows(keys_, index, length_);
+    copy.values_ = detail::gather_rows(values_, index, length_);
   }
   return copy;
 }
@@ -182,6 +182,31 @@ void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
   const auto v = detail::linear(values, m.W_v->weight, m.W_v->bias, backend);
   if (cache.empty()) record_sources(cache, m);
   append(cache, k, v, grad);
+}
+
+torch::Tensor gather_rows(const torch::Tensor& t, const torch::Tensor& index, int64_t filled) {
+  if (!t.device().is_cpu() || !index.device().is_cpu() || index.scalar_type() != torch::kLong ||
+      index.dim() != 1 || !t.is_contiguous() || !index.is_contiguous() || t.dim() < 2) {
+    return t.index_select(0, index);
+  }
+  const int64_t rows = t.size(0), R = index.size(0);
+  const int64_t row_bytes = t.numel() / std::max<int64_t>(rows, 1) * t.element_size();
+  const int64_t copied = filled < 0 || t.size(1) == 0
+                             ? row_bytes
+                             : row_bytes / t.size(1) * std::min(filled, t.size(1));
+  const int64_t* picks = index.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(picks[r] >= 0 && picks[r] < rows,
+                fmt::format("d2l::select_rows: index {} out of range for {} rows", picks[r], rows));
+  }
+  auto sizes = t.sizes().vec();
+  sizes[0] = R;
+  auto out = torch::empty(sizes, t.options());
+  const auto* from = static_cast<const char*>(t.data_ptr());
+  auto* to = static_cast<char*>(out.data_ptr());
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(to + r * row_bytes, from + picks[r] * row_bytes, copied);
+  return out;
 }
 
 void reserve_keys_values(MultiHeadAttentionCache& cache, const MultiHeadAttentionImpl& m,

@@ -87,6 +87,13 @@ int64_t batch_of(const torch::Tensor& new_keys, const MultiHeadAttentionCache& c
 void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
                     const torch::Tensor& keys, const torch::Tensor& values, bool grad);
 
+/// t.index_select(0, index) for t (B, capacity, ...) and index (R) int64,
+/// with only the first `filled` entries of dimension 1 copied (the rest of
+/// each row left as it comes); on the CPU for contiguous tensors one
+/// allocation and a copy per row (index_select costs a decoding step several
+/// ATen calls per row), elsewhere index_select. `filled` < 0: all of them.
+torch::Tensor gather_rows(const torch::Tensor& t, const torch::Tensor& index, int64_t filled = -1);
+
 /// Room for `needed` keys in the cache's buffers, (batch, capacity,
 /// num_hiddens) in m's dtype and on its device, for a caller that writes the
 /// projections itself (the 0.17 Transformer decoder's fused step): an empty

@@ -20,6 +20,7 @@
 #include "additive_attention_internal.h"
 #include "checks.h"
 #include "cpu/additive_attention_kernel.h"
+#include "cpu/few_rows_linear_kernel.h"
 #include "fused_helpers.h"
 #include "linear.h"
 #include "test_utils.h"
@@ -332,4 +333,58 @@ TEST_P(FewRowsLinear, MatchesFunctionalLinear) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, FewRowsLinear, ::testing::ValuesIn(d2l::testing::all_isas()),
+                         [](const auto& info) { return d2l::to_string(info.param); });
+
+// linear_into (linear.h), the fused Transformer passes' products on arrays:
+// the few-rows kernel below cpu::kPackedRows rows, the packed kernel from
+// there on the calling thread (small products), BLAS past 2^18
+// multiply-adds; at every instruction set, against functional::linear in
+// double. The packed kernel sums each output in k's order: a row's bits do
+// not depend on the rows around it.
+class LinearInto : public Fused {};
+
+template <typename T>
+torch::Tensor linear_into_tensor(const torch::Tensor& x, const torch::Tensor& W,
+                                 const torch::Tensor& b) {
+  auto y = torch::empty({x.size(0), W.size(0)}, x.options());
+  d2l::detail::linear_into<T>(y.data_ptr<T>(), x.data_ptr<T>(), x.size(0), W, b);
+  return y;
+}
+
+TEST_P(LinearInto, MatchesFunctionalLinear) {
+  torch::manual_seed(11);
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (const auto [K, N] :
+         {std::pair<int64_t, int64_t>{32, 200}, {37, 35}, {16, 9}, {64, 17}, {256, 1024}}) {
+      for (const int64_t rows : {1, 3, 4, 5, 9, 16, 17, 56}) {
+        for (const bool bias : {false, true}) {
+          const auto x = torch::randn({rows, K}, dtype);
+          const auto W = torch::randn({N, K}, dtype);
+          const auto b = bias ? torch::randn({N}, dtype) : torch::Tensor();
+          const std::string what =
+              fmt::format("{} rows {} K {} N {} bias {}", c10::toString(dtype), rows, K, N, bias);
+          const auto y = dtype == torch::kFloat ? linear_into_tensor<float>(x, W, b)
+                                                : linear_into_tensor<double>(x, W, b);
+          const auto expected =
+              torch::nn::functional::linear(x.to(torch::kDouble), W.to(torch::kDouble),
+                                            bias ? b.to(torch::kDouble) : torch::Tensor());
+          const double reference_error =
+              max_rel_error(torch::nn::functional::linear(x, W, b).to(torch::kDouble), expected);
+          EXPECT_LT(max_rel_error(y.to(torch::kDouble), expected),
+                    dtype == torch::kFloat ? 4 * reference_error + 1e-7 : 1e-12)
+              << what << " (functional::linear's error " << reference_error << ")";
+          if (rows >= d2l::cpu::kPackedRows && rows * K * N < (int64_t{1} << 18)) {
+            // Row 3 among copies of itself: the same bits.
+            const auto copies = x[3].unsqueeze(0).expand({d2l::cpu::kPackedRows, K}).contiguous();
+            const auto alone = dtype == torch::kFloat ? linear_into_tensor<float>(copies, W, b)
+                                                      : linear_into_tensor<double>(copies, W, b);
+            EXPECT_TRUE(torch::equal(alone[0], y[3])) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, LinearInto, ::testing::ValuesIn(d2l::testing::all_isas()),
                          [](const auto& info) { return d2l::to_string(info.param); });

@@ -96,6 +96,27 @@ TEST(TransformerFusedStep, GivesTheBooksNumbersAtEveryBatchSizeAndDtypeAcrossGro
   }
 }
 
+TEST(TransformerFusedStep, RowsSplitOverThreadsGiveWhatOneThreadGives) {
+  // 12 rows of the book's sizes: at 2 threads each takes 6 rows through every
+  // block (splits_rows in fused_step.cpp); every row's arithmetic is its own,
+  // so the bits are one thread's.
+  auto m = transformer(32);
+  const auto enc_X = torch::randint(kVocab, {12, 6}, torch::kLong);
+  const auto lens = torch::randint(1, 7, {12}, torch::kLong);
+  const auto tokens = torch::randint(kVocab, {12, 10}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  const int saved = at::get_num_threads();
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (const int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    runs.push_back(decode(m, init(m, enc_X, lens), tokens, "fused_step"));
+  }
+  at::set_num_threads(saved);
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t k = 0; k < runs[0].size(); ++k)
+    EXPECT_TRUE(torch::equal(runs[0][k], runs[1][k])) << k;
+}
+
 TEST(TransformerFusedStep, StepsOfTheBlocksCachedPathInBetweenShareItsCaches) {
   // Steps 3 to 5 through the blocks' cached path (the composite backend
   // asked for in block 1), the others fused: one cache throughout.

@@ -219,16 +219,17 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
   const T* w = W.data_ptr<T>();
   const T* bias = b.defined() ? b.data_ptr<T>() : nullptr;
   const auto& kernels = cpu::few_rows_linear_kernels();
-  const auto forward = [&] {
+  const auto kernel = [&](bool packed) {
     if constexpr (std::is_same_v<T, float>) {
-      return kernels.forward_float;
+      return packed ? kernels.packed_float : kernels.forward_float;
     } else {
-      return kernels.forward_double;
+      return packed ? kernels.packed_double : kernels.forward_double;
     }
-  }();
+  };
+  const auto forward = kernel(false);
   const int64_t multiply_adds = rows * K * N;
   if (multiply_adds < kMinMultiplyAdds || at::in_parallel_region()) {
-    forward(x, rows, K, w, N, bias, out, 0, N);
+    kernel(rows >= cpu::kPackedRows)(x, rows, K, w, N, bias, out, 0, N);
   } else if (rows < kColumnSplitRows) {
     at::parallel_for(0, N, column_grain(N),
                      [&](int64_t c0, int64_t c1) { forward(x, rows, K, w, N, bias, out, c0, c1); });

@@ -4,11 +4,14 @@
 
 #include <d2l/generate.h>
 
+#include "multi_head_attention_cache_internal.h"
+
 namespace d2l {
 
 DecoderState select_rows(const DecoderState& state, const torch::Tensor& index, bool same_sources) {
   const auto pick = [&](const torch::Tensor& t, int64_t dim) {
-    return t.defined() ? t.index_select(dim, index) : t;
+    if (!t.defined()) return t;
+    return dim == 0 ? detail::gather_rows(t, index) : t.index_select(dim, index);
   };
   DecoderState selected;
   selected.hidden_state = pick(state.hidden_state, 1);
@@ -26,7 +29,7 @@ DecoderState select_rows(const DecoderState& state, const torch::Tensor& index, 
   for (size_t i = 0; i < state.key_values.size(); ++i) {
     const auto& old = state.key_values[i];
     if (old.defined() && selected.key_values[i].is_same(old)) {
-      selected.key_values[i] = old.index_select(0, index);
+      selected.key_values[i] = detail::gather_rows(old, index);
     }
   }
   return selected;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "multi_head_attention_cache_internal.h"
+
 namespace d2l::detail {
 
 bool BlockCache::serves(const torch::Tensor& key_values) const {
@@ -51,7 +53,7 @@ std::shared_ptr<DecoderCache> TransformerDecoderCache::select_rows(const Decoder
     if (i >= state.key_values.size() || !block->serves(state.key_values[i])) continue;
     auto fresh = std::make_shared<BlockCache>();
     if (block->length > 0) {
-      fresh->inputs = block->inputs.index_select(0, index);
+      fresh->inputs = gather_rows(block->inputs, index, block->length);
       fresh->length = block->length;
       selected.key_values[i] = fresh->filled_inputs();
     }

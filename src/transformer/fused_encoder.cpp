@@ -39,16 +39,17 @@ torch::Tensor fused_encoder_typed(TransformerEncoderImpl& e, const torch::Tensor
 
   const auto tokens = (X.scalar_type() == torch::kLong ? X : X.to(torch::kLong)).contiguous();
   fused::embed(e.options, e.embedding, e.pos_encoding, tokens.data_ptr<int64_t>(), B, n, x);
-  static const auto all_keys = torch::empty({0}, torch::kLong);
-  const at::TensorBase& lens = mask.valid_lens().defined() ? mask.valid_lens() : all_keys;
-  const auto shaped = [&](T* data) { return torch::from_blob(data, {B, n, h}, options); };
+  const int64_t* lens =
+      mask.valid_lens().defined() ? mask.valid_lens().data_ptr<int64_t>() : nullptr;
   for (int64_t i = 0; i < e.options.num_layers(); ++i) {
     auto blk = e.block(i);
     auto& m = *blk->attention;
     linear_into<T>(q, x, rows, m.W_q->weight, m.W_q->bias);
     linear_into<T>(k, x, rows, m.W_k->weight, m.W_k->bias);
     linear_into<T>(v, x, rows, m.W_v->weight, m.W_v->bias);
-    fused::heads(m, shaped(q), shaped(k), shaped(v), lens, n, joined);
+    fused::HeadWeights<T> weights(m, B, n, n, options);
+    fused::heads(m.options.num_heads(), q, k, v, lens, B, n, n, h, weights.data, joined, options);
+    weights.record(m, n);
     linear_into<T>(t, joined, rows, m.W_o->weight, m.W_o->bias);
     fused::add_layer_norm(blk->addnorm1, t, x, rows, h, y);
     const auto& ffn = blk->ffn;

@@ -87,36 +87,59 @@ void relu(T* x, int64_t count) {
   for (int64_t k = 0; k < count; ++k) x[k] = std::max(x[k], T(0));
 }
 
-/// m's heads on the small-heads kernel, as its own small-heads path runs
-/// them: queries q (B, n, h), keys and values k and v (B, capacity, h) with
-/// the heads side by side, each row over its first `lens` keys (empty: all
-/// of them); the heads joined into `joined` (B, n, h). The weights are
-/// recorded where m records them, the first `held` keys of each row.
+/// The small-heads kernel (as m's own small-heads path runs it) on arrays
+/// of the caller's: queries q (B, n, h), keys and values k and v (B,
+/// capacity, h) with the heads side by side, each row of entry b over its
+/// first lens[b] keys (lens nullptr: all of them); the weights (B · heads, n,
+/// capacity) into `weights`, the heads joined into `joined` (B, n, h).
 template <typename T>
-void heads(MultiHeadAttentionImpl& m, const torch::Tensor& q, const torch::Tensor& k,
-           const torch::Tensor& v, const at::TensorBase& lens, int64_t held, T* joined) {
-  const int64_t B = q.size(0), n = q.size(1), h = q.size(2);
-  const int64_t heads = m.options.num_heads(), capacity = k.size(1);
-  const auto options = q.options();
-  const auto out = torch::from_blob(joined, {B, n, h}, options);
-  const bool record = records_weights(m.attention->options.record_attention_weights());
+void heads(int64_t num_heads, const T* q, const T* k, const T* v, const int64_t* lens, int64_t B,
+           int64_t n, int64_t capacity, int64_t h, T* weights, T* joined,
+           const torch::TensorOptions& options) {
+  const auto make = [&](const T* data, at::IntArrayRef sizes) {
+    return torch::from_blob(const_cast<T*>(data), sizes, options);
+  };
+  static const auto none = torch::empty({0}, torch::kLong);
+  const auto lengths =
+      lens != nullptr ? torch::from_blob(const_cast<int64_t*>(lens), {B}, torch::kLong) : none;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(h / num_heads));
+  cpu::multi_head_attention_kernels().forward(
+      make(q, {B, n, h}), make(k, {B, capacity, h}), make(v, {B, capacity, h}), lengths, none,
+      num_heads, scale, make(weights, {B * num_heads, n, capacity}), make(joined, {B, n, h}));
+}
+
+/// Where m's heads write their weights, (B · heads, n, capacity): a tensor
+/// that record() stores in m where m records them on this thread, else
+/// scratch of the caller's.
+template <typename T>
+struct HeadWeights {
+  torch::Tensor tensor;
   std::vector<T> scratch;
-  torch::Tensor weights;
-  if (record) {
-    weights = torch::empty({B * heads, n, capacity}, options);
-  } else {
-    scratch.resize(static_cast<size_t>(B * heads * n * capacity));
-    weights = torch::from_blob(scratch.data(), {B * heads, n, capacity}, options);
+  T* data = nullptr;
+
+  HeadWeights(const MultiHeadAttentionImpl& m, int64_t B, int64_t n, int64_t capacity,
+              const torch::TensorOptions& options) {
+    const int64_t size = B * m.options.num_heads() * n * capacity;
+    if (records_weights(m.attention->options.record_attention_weights())) {
+      tensor = torch::empty({B * m.options.num_heads(), n, capacity}, options);
+      data = tensor.data_ptr<T>();
+    } else {
+      scratch.resize(static_cast<size_t>(size));
+      data = scratch.data();
+    }
   }
-  static const auto no_noise = torch::empty({0});
-  const double scale = 1.0 / std::sqrt(static_cast<double>(h / heads));
-  cpu::multi_head_attention_kernels().forward(q, k, v, lens, no_noise, heads, scale, weights, out);
-  if (record) {
-    // narrow's view in one ATen call (rather than narrow's, slice's and as_strided's).
+
+  /// Records the weights over the first `held` keys in m, where it records.
+  void record(MultiHeadAttentionImpl& m, int64_t held) {
+    if (!tensor.defined()) return;
+    // narrow's view in one ATen call (rather than narrow's, slice's and
+    // as_strided's).
     record_weights(
         m.attention->attention_weights,
-        held == capacity ? weights : weights.as_strided({B * heads, n, held}, weights.strides()));
+        held == tensor.size(2)
+            ? tensor
+            : tensor.as_strided({tensor.size(0), tensor.size(1), held}, tensor.strides()));
   }
-}
+};
 
 }  // namespace d2l::detail::fused

@@ -3,6 +3,7 @@
 
 #include "transformer/fused_step.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -55,15 +56,18 @@ using Access = MultiHeadAttentionCacheAccess;
 
 constexpr const char* kDecoderFn = "d2l::TransformerDecoder";
 
-// Copies rows (B, h) of `rows` into row `at` of a (B, capacity, h) buffer.
+// Copies rows (R, h) into row `at` of each of R rows of `capacity` rows of
+// h (a cache's buffer).
 template <typename T>
-void write_rows(const T* rows, int64_t B, int64_t h, const torch::Tensor& buffer, int64_t at) {
-  T* base = buffer.data_ptr<T>();
-  const int64_t capacity = buffer.size(1);
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy_n(rows + b * h, h, base + (b * capacity + at) * h);
-  }
+void write_rows(const T* rows, int64_t R, int64_t h, T* buffer, int64_t capacity, int64_t at) {
+  for (int64_t r = 0; r < R; ++r) std::copy_n(rows + r * h, h, buffer + (r * capacity + at) * h);
 }
+
+// The weights of a block's two attentions.
+template <typename T>
+struct HeadWeightsPair {
+  fused::HeadWeights<T> self, cross;
+};
 
 // The encoder-decoder attention's keys and values of the encoder's outputs
 // `enc` (B, m, h), projected by m's W_k and W_v into a cache of their own (as
@@ -82,41 +86,41 @@ void project_memory(MultiHeadAttentionImpl& m, const torch::Tensor& enc,
   Access::length(cache) = steps;
 }
 
+// Whether the step splits its rows over ATen's threads, each thread taking
+// some rows through every block: where the blocks' products are all small
+// (each on the calling thread anyway, linear_into) and there are rows for
+// every thread. Larger products go to linear_into whole, which splits them.
+bool splits_rows(int64_t B, int64_t h, int64_t f) {
+  const int64_t threads = at::get_num_threads();
+  return threads > 1 && !at::in_parallel_region() && B >= 2 * threads &&
+         B * h * std::max(h, f) <= (int64_t{1} << 20);
+}
+
 template <typename T>
 torch::Tensor fused_step_typed(TransformerDecoderImpl& d, const torch::Tensor& X,
                                const DecoderState& state, DecoderState& next) {
   const auto& bo = d.options.block();
   const int64_t B = X.size(0), h = bo.num_hiddens(), f = bo.ffn_num_hiddens();
-  const int64_t layers = d.options.num_layers();
+  const int64_t heads = bo.num_heads(), layers = d.options.num_layers();
   const auto options = d.embedding->weight.options();
 
-  // The workspace: the rows entering a block (x), after its self-attention
-  // (y) and its encoder-decoder attention (z), the queries, the heads
-  // joined, a sublayer's output, the FFN's hidden units.
-  std::vector<T> workspace(static_cast<size_t>(B * (6 * h + f)));
-  T* x = workspace.data();
-  T* y = x + B * h;
-  T* z = y + B * h;
-  T* q = z + B * h;
-  T* joined = q + B * h;
-  T* t = joined + B * h;
-  T* hidden = t + B * h;
-
-  // embedding(X) * sqrt(num_hiddens) + P[0]: every call adds positions from
-  // 0 to its own tokens, as the book's.
-  const auto tokens = (X.scalar_type() == torch::kLong ? X : X.to(torch::kLong)).contiguous();
-  fused::embed(d.options, d.embedding, d.pos_encoding, tokens.data_ptr<int64_t>(), B, 1, x);
-
+  // What every block reads and writes, set up before any row is computed:
+  // the caches with room for the step (the encoder's keys and values
+  // projected at a decoding's first step), and where the weights go.
   auto* old = dynamic_cast<const TransformerDecoderCache*>(state.cache.get());
   auto cache = old ? std::make_shared<TransformerDecoderCache>(*old)
                    : std::make_shared<TransformerDecoderCache>();
   cache->blocks.resize(static_cast<size_t>(layers));
   const auto& enc = state.enc_outputs;
-  static const auto all_keys = torch::empty({0}, torch::kLong);
-  const at::TensorBase& enc_lens = state.enc_valid_lens.defined() ? state.enc_valid_lens : all_keys;
-  std::vector<int64_t> held(static_cast<size_t>(B));
+  const int64_t* enc_lens =
+      state.enc_valid_lens.defined() ? state.enc_valid_lens.data_ptr<int64_t>() : nullptr;
+  std::vector<DecoderBlock> blocks;
+  std::vector<HeadWeightsPair<T>> weights;
+  weights.reserve(static_cast<size_t>(layers));
+  std::vector<int64_t> lengths;  // each block's steps before this one
   for (int64_t i = 0; i < layers; ++i) {
-    auto blk = d.block(i);
+    blocks.push_back(d.block(i));
+    auto& blk = blocks.back();
     auto& m1 = *blk->attention1;
     auto& m2 = *blk->attention2;
     auto& block = cache->blocks[static_cast<size_t>(i)];
@@ -133,48 +137,109 @@ torch::Tensor fused_step_typed(TransformerDecoderImpl& d, const torch::Tensor& X
     }
     check_cache_source(kDecoderFn, m1, block->self_attention);
     const int64_t length = block->length;
+    lengths.push_back(length);
     block->reserve_inputs(B, length + 1, h, options);
     reserve_keys_values(block->self_attention, m1, B, length + 1);
-    write_rows(x, B, h, block->inputs, length);
-    // The step's key and value rows, straight into the cache.
-    linear_into<T>(t, x, B, m1.W_k->weight, m1.W_k->bias);
-    write_rows(t, B, h, Access::keys(block->self_attention), length);
-    linear_into<T>(t, x, B, m1.W_v->weight, m1.W_v->bias);
-    write_rows(t, B, h, Access::values(block->self_attention), length);
-    block->length = length + 1;
-    Access::length(block->self_attention) = length + 1;
-    next.key_values[static_cast<size_t>(i)] = block->filled_inputs();
-
-    linear_into<T>(q, x, B, m1.W_q->weight, m1.W_q->bias);
-    std::fill(held.begin(), held.end(), length + 1);
-    const auto& self = block->self_attention;
-    fused::heads(m1, torch::from_blob(q, {B, 1, h}, options), Access::keys(self),
-                 Access::values(self), torch::from_blob(held.data(), {B}, torch::kLong), length + 1,
-                 joined);
-    linear_into<T>(t, joined, B, m1.W_o->weight, m1.W_o->bias);
-    fused::add_layer_norm(blk->addnorm1, t, x, B, h, y);
-
-    if (!block->cross_source.is_same(enc)) {
+    // Projected here at a decoding's first step; again if its buffers hold
+    // more than its keys (the kernel reads every key of a row without lengths).
+    const auto& cross = block->cross_attention;
+    if (!block->cross_source.is_same(enc) || cross.empty() ||
+        Access::keys(cross).size(1) != cross.size()) {
       project_memory<T>(m2, enc, block->cross_attention);
       block->cross_source = enc;
     }
     check_cache_source(kDecoderFn, m2, block->cross_attention);
-    linear_into<T>(q, y, B, m2.W_q->weight, m2.W_q->bias);
-    const auto& cross = block->cross_attention;
-    fused::heads(m2, torch::from_blob(q, {B, 1, h}, options), Access::keys(cross),
-                 Access::values(cross), enc_lens, cross.size(), joined);
-    linear_into<T>(t, joined, B, m2.W_o->weight, m2.W_o->bias);
-    fused::add_layer_norm(blk->addnorm2, t, y, B, h, z);
+    weights.push_back(
+        {fused::HeadWeights<T>(m1, B, 1, Access::keys(block->self_attention).size(1), options),
+         fused::HeadWeights<T>(m2, B, 1, block->cross_attention.size(), options)});
+  }
+  // Each block's keys after this step, per row.
+  std::vector<std::vector<int64_t>> held;
+  for (const auto length : lengths) held.emplace_back(static_cast<size_t>(B), length + 1);
 
-    const auto& ffn = blk->ffn;
-    linear_into<T>(hidden, z, B, ffn->dense1->weight, ffn->dense1->bias);
-    fused::relu(hidden, B * f);
-    linear_into<T>(t, hidden, B, ffn->dense2->weight, ffn->dense2->bias);
-    fused::add_layer_norm(blk->addnorm3, t, z, B, h, x);
+  // The workspace: the rows entering a block (x), after its self-attention
+  // (y) and its encoder-decoder attention (z), the queries, the heads
+  // joined, a sublayer's output, the FFN's hidden units.
+  std::vector<T> workspace(static_cast<size_t>(B * (6 * h + f)));
+  T* const x0 = workspace.data();
+  const auto tokens = (X.scalar_type() == torch::kLong ? X : X.to(torch::kLong)).contiguous();
+  const int64_t* ids = tokens.data_ptr<int64_t>();
+
+  // Rows [r0, r1) through every block, on their own parts of everything.
+  const auto rows = [&](int64_t r0, int64_t r1) {
+    const int64_t R = r1 - r0;
+    T* x = x0 + r0 * h;
+    T* y = x0 + B * h + r0 * h;
+    T* z = x0 + 2 * B * h + r0 * h;
+    T* q = x0 + 3 * B * h + r0 * h;
+    T* joined = x0 + 4 * B * h + r0 * h;
+    T* t = x0 + 5 * B * h + r0 * h;
+    T* hidden = x0 + 6 * B * h + r0 * f;
+    // embedding(X) * sqrt(num_hiddens) + P[0]: every call adds positions
+    // from 0 to its own tokens, as the book's.
+    fused::embed(d.options, d.embedding, d.pos_encoding, ids + r0, R, 1, x);
+    for (int64_t i = 0; i < layers; ++i) {
+      auto& blk = blocks[static_cast<size_t>(i)];
+      auto& m1 = *blk->attention1;
+      auto& m2 = *blk->attention2;
+      auto& block = *cache->blocks[static_cast<size_t>(i)];
+      auto& self = block.self_attention;
+      const int64_t length = lengths[static_cast<size_t>(i)];
+      const int64_t inputs_capacity = block.inputs.size(1);
+      write_rows(x, R, h, block.inputs.data_ptr<T>() + r0 * inputs_capacity * h, inputs_capacity,
+                 length);
+      const int64_t capacity = Access::keys(self).size(1);
+      T* keys = Access::keys(self).data_ptr<T>() + r0 * capacity * h;
+      T* values = Access::values(self).data_ptr<T>() + r0 * capacity * h;
+      // The step's key and value rows, straight into the cache.
+      linear_into<T>(t, x, R, m1.W_k->weight, m1.W_k->bias);
+      write_rows(t, R, h, keys, capacity, length);
+      linear_into<T>(t, x, R, m1.W_v->weight, m1.W_v->bias);
+      write_rows(t, R, h, values, capacity, length);
+      linear_into<T>(q, x, R, m1.W_q->weight, m1.W_q->bias);
+      fused::heads(heads, q, keys, values, held[static_cast<size_t>(i)].data() + r0, R, 1, capacity,
+                   h, weights[static_cast<size_t>(i)].self.data + r0 * heads * capacity, joined,
+                   options);
+      linear_into<T>(t, joined, R, m1.W_o->weight, m1.W_o->bias);
+      fused::add_layer_norm(blk->addnorm1, t, x, R, h, y);
+
+      const auto& cross = block.cross_attention;
+      const int64_t m = cross.size();
+      linear_into<T>(q, y, R, m2.W_q->weight, m2.W_q->bias);
+      fused::heads(heads, q, Access::keys(cross).data_ptr<T>() + r0 * m * h,
+                   Access::values(cross).data_ptr<T>() + r0 * m * h,
+                   enc_lens != nullptr ? enc_lens + r0 : nullptr, R, 1, m, h,
+                   weights[static_cast<size_t>(i)].cross.data + r0 * heads * m, joined, options);
+      linear_into<T>(t, joined, R, m2.W_o->weight, m2.W_o->bias);
+      fused::add_layer_norm(blk->addnorm2, t, y, R, h, z);
+
+      const auto& ffn = blk->ffn;
+      linear_into<T>(hidden, z, R, ffn->dense1->weight, ffn->dense1->bias);
+      fused::relu(hidden, R * f);
+      linear_into<T>(t, hidden, R, ffn->dense2->weight, ffn->dense2->bias);
+      fused::add_layer_norm(blk->addnorm3, t, z, R, h, x);
+    }
+  };
+  if (splits_rows(B, h, f)) {
+    const int64_t threads = at::get_num_threads();
+    at::parallel_for(0, B, (B + threads - 1) / threads, rows);
+  } else {
+    rows(0, B);
+  }
+
+  for (int64_t i = 0; i < layers; ++i) {
+    auto& block = *cache->blocks[static_cast<size_t>(i)];
+    const int64_t length = lengths[static_cast<size_t>(i)] + 1;
+    block.length = length;
+    Access::length(block.self_attention) = length;
+    next.key_values[static_cast<size_t>(i)] = block.filled_inputs();
+    auto& blk = blocks[static_cast<size_t>(i)];
+    weights[static_cast<size_t>(i)].self.record(*blk->attention1, length);
+    weights[static_cast<size_t>(i)].cross.record(*blk->attention2, block.cross_attention.size());
   }
   next.cache = std::move(cache);
   auto logits = torch::empty({B, 1, d.options.vocab_size()}, options);
-  linear_into<T>(logits.data_ptr<T>(), x, B, d.dense->weight, d.dense->bias);
+  linear_into<T>(logits.data_ptr<T>(), x0, B, d.dense->weight, d.dense->bias);
   return logits;
 }
 
