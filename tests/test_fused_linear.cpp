@@ -20,7 +20,6 @@
 #include "additive_attention_internal.h"
 #include "checks.h"
 #include "cpu/additive_attention_kernel.h"
-#include "cpu/few_rows_linear_kernel.h"
 #include "fused_helpers.h"
 #include "linear.h"
 #include "test_utils.h"
@@ -336,11 +335,10 @@ INSTANTIATE_TEST_SUITE_P(Isa, FewRowsLinear, ::testing::ValuesIn(d2l::testing::a
                          [](const auto& info) { return d2l::to_string(info.param); });
 
 // linear_into (linear.h), the fused Transformer passes' products on arrays:
-// the few-rows kernel below cpu::kPackedRows rows, the packed kernel from
-// there on the calling thread (small products), BLAS past 2^18
-// multiply-adds; at every instruction set, against functional::linear in
-// double. The packed kernel sums each output in k's order: a row's bits do
-// not depend on the rows around it.
+// the few-rows kernel on the calling thread for small products at any
+// number of rows, BLAS or the split kernel past 2^18 multiply-adds; at every
+// instruction set, against functional::linear in double. A small product's
+// row has the bits it has among other rows.
 class LinearInto : public Fused {};
 
 template <typename T>
@@ -373,9 +371,9 @@ TEST_P(LinearInto, MatchesFunctionalLinear) {
           EXPECT_LT(max_rel_error(y.to(torch::kDouble), expected),
                     dtype == torch::kFloat ? 4 * reference_error + 1e-7 : 1e-12)
               << what << " (functional::linear's error " << reference_error << ")";
-          if (rows >= d2l::cpu::kPackedRows && rows * K * N < (int64_t{1} << 18)) {
+          if (rows >= 4 && rows * K * N < (int64_t{1} << 18)) {
             // Row 3 among copies of itself: the same bits.
-            const auto copies = x[3].unsqueeze(0).expand({d2l::cpu::kPackedRows, K}).contiguous();
+            const auto copies = x[3].unsqueeze(0).expand({4, K}).contiguous();
             const auto alone = dtype == torch::kFloat ? linear_into_tensor<float>(copies, W, b)
                                                       : linear_into_tensor<double>(copies, W, b);
             EXPECT_TRUE(torch::equal(alone[0], y[3])) << what;

@@ -219,17 +219,19 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
   const T* w = W.data_ptr<T>();
   const T* bias = b.defined() ? b.data_ptr<T>() : nullptr;
   const auto& kernels = cpu::few_rows_linear_kernels();
-  const auto kernel = [&](bool packed) {
+  const auto forward = [&] {
     if constexpr (std::is_same_v<T, float>) {
-      return packed ? kernels.packed_float : kernels.forward_float;
+      return kernels.forward_float;
     } else {
-      return packed ? kernels.packed_double : kernels.forward_double;
+      return kernels.forward_double;
     }
-  };
-  const auto forward = kernel(false);
+  }();
   const int64_t multiply_adds = rows * K * N;
+  // Small products on the few-rows kernel at any number of rows: each row's
+  // sums are its own, so a row's bits do not depend on the rows beside it (a
+  // source decoded in a batch gets what it gets alone).
   if (multiply_adds < kMinMultiplyAdds || at::in_parallel_region()) {
-    kernel(rows >= cpu::kPackedRows)(x, rows, K, w, N, bias, out, 0, N);
+    forward(x, rows, K, w, N, bias, out, 0, N);
   } else if (rows < kColumnSplitRows) {
     at::parallel_for(0, N, column_grain(N),
                      [&](int64_t c0, int64_t c1) { forward(x, rows, K, w, N, bias, out, c0, c1); });

@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "cpu/few_rows_linear_kernel.h"
 #include "cpu/vec_helpers-inl.h"
@@ -88,78 +87,6 @@ void few_rows_raw(const T* xp, int64_t rows, int64_t K, const T* wp, int64_t N, 
   }
 }
 
-// The rows' product by broadcasts of x against W packed transposed: for
-// rows >= kPackedRows on the calling thread (a product too small for a
-// parallel region, or one thread's rows of a larger step), where the few-rows
-// blocks' reductions cost as much as their multiply-adds (32 features: four
-// vectors a sum). W's rows [c0, c1) are packed once per call, in blocks of
-// two vectors of columns, k-major; each block of up to 4 rows of x keeps
-// 4 × 2 accumulators and adds x[r][k] · packed[k] for every k, so a sum is
-// the multiply-adds in k's order, whatever the rows around it.
-template <typename T, int R>
-void packed_block(const T* x, int64_t K, const T* packed, int64_t columns, const T* bias, T* out,
-                  int64_t ldo) {
-  using V = Vectorized<T>;
-  constexpr int64_t S = V::size();
-  V acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V(T(0));
-  for (int64_t k = 0; k < K; ++k) {
-    const V w0 = V::loadu(packed + k * 2 * S), w1 = V::loadu(packed + k * 2 * S + S);
-    for (int r = 0; r < R; ++r) {
-      const V xv(x[r * K + k]);
-      acc[r][0] = at::vec::fmadd(xv, w0, acc[r][0]);
-      acc[r][1] = at::vec::fmadd(xv, w1, acc[r][1]);
-    }
-  }
-  for (int half = 0; half < 2; ++half) {
-    const int64_t n = std::min<int64_t>(S, columns - half * S);
-    if (n <= 0) break;
-    const V b = bias != nullptr ? partial_load(bias + half * S, n) : V(T(0));
-    for (int r = 0; r < R; ++r) {
-      const V y = acc[r][half] + b;
-      if (n == S) {
-        y.store(out + r * ldo + half * S);
-      } else {
-        partial_store(y, out + r * ldo + half * S, n);
-      }
-    }
-  }
-}
-
-template <typename T>
-void packed_rows_raw(const T* xp, int64_t rows, int64_t K, const T* wp, int64_t N, const T* bp,
-                     T* op, int64_t c0, int64_t c1) {
-  constexpr int64_t B = 2 * Vectorized<T>::size();  // columns a block
-  const int64_t columns = c1 - c0, blocks = (columns + B - 1) / B;
-  thread_local std::vector<T> packed;
-  packed.resize(static_cast<size_t>(blocks * K * B));
-  for (int64_t b = 0; b < blocks; ++b) {
-    T* block = packed.data() + b * K * B;
-    const int64_t width = std::min(B, columns - b * B);
-    for (int64_t j = 0; j < width; ++j) {
-      const T* w = wp + (c0 + b * B + j) * K;
-      for (int64_t k = 0; k < K; ++k) block[k * B + j] = w[k];
-    }
-    for (int64_t j = width; j < B; ++j) {
-      for (int64_t k = 0; k < K; ++k) block[k * B + j] = T(0);
-    }
-  }
-  for (int64_t b = 0; b < blocks; ++b) {
-    const T* block = packed.data() + b * K * B;
-    const int64_t c = c0 + b * B, width = std::min(B, columns - b * B);
-    const T* bias = bp != nullptr ? bp + c : nullptr;
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4)
-      packed_block<T, 4>(xp + r * K, K, block, width, bias, op + r * N + c, N);
-    switch (rows - r) {
-      case 3: packed_block<T, 3>(xp + r * K, K, block, width, bias, op + r * N + c, N); break;
-      case 2: packed_block<T, 2>(xp + r * K, K, block, width, bias, op + r * N + c, N); break;
-      case 1: packed_block<T, 1>(xp + r * K, K, block, width, bias, op + r * N + c, N); break;
-      default: break;
-    }
-  }
-}
-
 template <typename T>
 void few_rows_typed(const at::TensorBase& x, const at::TensorBase& W, const at::TensorBase& bias,
                     const at::TensorBase& out, int64_t c0, int64_t c1) {
@@ -177,8 +104,7 @@ void few_rows_forward(const at::TensorBase& x, const at::TensorBase& W, const at
 
 const FewRowsLinearKernels& few_rows_linear_kernels() {
   static const FewRowsLinearKernels table{&few_rows_forward, &few_rows_raw<float>,
-                                          &few_rows_raw<double>, &packed_rows_raw<float>,
-                                          &packed_rows_raw<double>};
+                                          &few_rows_raw<double>};
   return table;
 }
 

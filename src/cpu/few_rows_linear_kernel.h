@@ -28,18 +28,7 @@ struct FewRowsLinearKernels {
                         const float* bias, float* out, int64_t c0, int64_t c1);
   void (*forward_double)(const double* x, int64_t rows, int64_t K, const double* W, int64_t N,
                          const double* bias, double* out, int64_t c0, int64_t c1);
-  /// The same for any number of rows, W's rows [c0, c1) packed transposed
-  /// first (a scratch buffer per thread): on the calling thread for rows >=
-  /// kPackedRows, where it outruns forward_*; each sum in k's order, the
-  /// same bits whatever the rows around it.
-  void (*packed_float)(const float* x, int64_t rows, int64_t K, const float* W, int64_t N,
-                       const float* bias, float* out, int64_t c0, int64_t c1);
-  void (*packed_double)(const double* x, int64_t rows, int64_t K, const double* W, int64_t N,
-                        const double* bias, double* out, int64_t c0, int64_t c1);
 };
-
-/// Rows from which the packed kernel runs a product on one thread.
-inline constexpr int64_t kPackedRows = 16;
 
 D2L_DECLARE_CPU_KERNELS(FewRowsLinearKernels, few_rows_linear_kernels)
 
