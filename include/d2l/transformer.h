@@ -289,11 +289,8 @@ class TransformerEncoderImpl : public torch::nn::Cloneable<TransformerEncoderImp
   /// takes the mask: forward(X, valid_lens) is the book's Encoder interface,
   /// which users' encoders implement, and AnyModule needs one forward.
   EncoderOutput forward_masked(const torch::Tensor& X, const AttentionMask& mask);
-  /// Which path forward_masked(X, mask) takes: "fused_pass" (the whole
-  /// encoder in one pass: evaluation mode, no autograd, the CPU, float or
-  /// double, valid_lens or no mask, heads the small-heads kernel takes;
-  /// docs/generation.md), or "blocks" with "fused_pass: <why not>". Checks X
-  /// and mask no further and computes nothing.
+  /// Which path forward_masked(X, mask) takes, computing nothing: "fused_pass"
+  /// (one pass; docs/transformer.md) or "blocks" with "fused_pass: <why not>".
   PathExplanation explain_forward(const torch::Tensor& X, const AttentionMask& mask = {}) const;
 
   /// The book's `attention_weights`: per block, the per-head weights of the
@@ -358,11 +355,8 @@ class TransformerDecoderImpl : public torch::nn::Cloneable<TransformerDecoderImp
   /// X (B, steps) token ids.
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
                                                   const DecoderState& state) override;
-  /// Which path forward(X, state) takes: "fused_step" (one decoding step in
-  /// one pass: evaluation mode, no autograd, the CPU, float or double, one
-  /// step a call from a state of this decoder's cache; docs/generation.md),
-  /// or "blocks" (the blocks' forward) with "fused_step: <why not>". Checks
-  /// X and state no further and computes nothing.
+  /// Which path forward(X, state) takes, computing nothing: "fused_step" (one
+  /// pass; docs/transformer.md) or "blocks" with "fused_step: <why not>".
   PathExplanation explain_step(const torch::Tensor& X, const DecoderState& state) const;
 
   /// The book's `attention_weights` of the last forward call: [0][i] the
