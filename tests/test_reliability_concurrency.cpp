@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "linear.h"
+#include "packed_weights.h"
 #include "test_utils.h"
 
 namespace {
@@ -126,6 +128,33 @@ TEST(ReliabilityConcurrency, SharedDotProductAttentionNotRecording) {
   d2l::DotProductAttention module(
       d2l::DotProductAttentionOptions().dropout(0.5).record_attention_weights(false));
   expect_threads_agree_with_one_thread(module, concurrency_inputs(5, 5));
+}
+
+// Threads packing one weight, rechecking it and multiplying by it at once
+// (Note [Packed weights]).
+TEST(ReliabilityConcurrency, ThreadsShareAWeightsPackedCopy) {
+  d2l::detail::release_packed_weights();
+  torch::manual_seed(13);
+  const auto W = torch::randn({640, 128});
+  const auto x = torch::randn({16, 128});
+  const auto expected = torch::nn::functional::linear(x.to(torch::kDouble), W.to(torch::kDouble));
+  std::vector<torch::Tensor> results(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        if (i % 5 == 0) d2l::detail::recheck_packed_weights();
+        auto y = torch::empty({16, 640});
+        d2l::detail::linear_into<float>(y.data_ptr<float>(), x.data_ptr<float>(), 16, W, {});
+        results[t] = y;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& r : results) {
+    EXPECT_LT((r.to(torch::kDouble) - expected).abs().max().item<double>(), 1e-3);
+    EXPECT_TRUE(torch::equal(r, results[0]));
+  }
 }
 
 }  // namespace

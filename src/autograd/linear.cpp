@@ -18,7 +18,9 @@
 #include <d2l/backend.h>
 
 #include "cpu/few_rows_linear_kernel.h"
+#include "cpu/packed_linear_kernel.h"
 #include "linear.h"
+#include "packed_weights.h"
 #include "select.h"
 
 namespace d2l::detail {
@@ -227,6 +229,26 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
     }
   }();
   const int64_t multiply_adds = rows * K * N;
+  if constexpr (std::is_same_v<T, float>) {
+    // Rows of a batch on a large weight: the packed kernel (Note [Packed
+    // linear]), by panels over ATen's threads.
+    if (rows >= kColumnSplitRows) {
+      if (const auto packed = packed_weights(W)) {
+        const auto& packed_kernels = cpu::packed_linear_kernels();
+        const int64_t panels = (N + packed->panel - 1) / packed->panel;
+        const auto run = [&](int64_t p0, int64_t p1) {
+          packed_kernels.forward(x, rows, K, packed->data.data(), N, bias, out, p0, p1);
+        };
+        if (at::in_parallel_region() || multiply_adds < kMinMultiplyAdds) {
+          run(0, panels);
+        } else {
+          const int64_t threads = at::get_num_threads();
+          at::parallel_for(0, panels, (panels + threads - 1) / threads, run);
+        }
+        return;
+      }
+    }
+  }
   // Small products on the few-rows kernel at any number of rows: each row's
   // sums are its own, so a row's bits do not depend on the rows beside it (a
   // source decoded in a batch gets what it gets alone).

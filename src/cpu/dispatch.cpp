@@ -27,6 +27,7 @@
 #include "cpu/few_rows_linear_kernel.h"
 #include "cpu/masked_softmax_kernel.h"
 #include "cpu/multi_head_attention_kernel.h"
+#include "cpu/packed_linear_kernel.h"
 
 namespace d2l {
 namespace {
@@ -279,6 +280,7 @@ D2L_DEFINE_CPU_DISPATCH(AdditiveAttentionKernels, additive_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(DotProductAttentionKernels, dot_product_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(MultiHeadAttentionKernels, multi_head_attention_kernels)
 D2L_DEFINE_CPU_DISPATCH(FewRowsLinearKernels, few_rows_linear_kernels)
+D2L_DEFINE_CPU_DISPATCH(PackedLinearKernels, packed_linear_kernels)
 
 std::string amx_unused_reason() {
   if (cpu_isa() == CpuIsa::kAmxBf16) return {};

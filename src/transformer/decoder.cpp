@@ -11,6 +11,7 @@
 #include "checked_load.h"
 #include "checks.h"
 #include "linear.h"
+#include "packed_weights.h"
 #include "seq2seq/sequence_checks.h"
 #include "transformer/cache.h"
 #include "transformer/fused_step.h"
@@ -247,6 +248,8 @@ DecoderState TransformerDecoderImpl::init_state(const EncoderOutput& enc_outputs
   state.enc_valid_lens = src_mask.valid_lens();
   state.enc_key_padding_mask = src_mask.key_padding_mask();
   check_encoder_state(fn, state, out.size(0), options.block(), embedding->weight);
+  // A new decoding: packed weights check their bytes again (Note [Packed weights]).
+  detail::recheck_packed_weights();
   state.key_values.resize(static_cast<size_t>(options.num_layers()));
   return state;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "linear.h"
+#include "packed_weights.h"
 #include "select.h"
 #include "transformer/fused_parts.h"
 #include "transformer/fused_step.h"
@@ -114,6 +115,7 @@ std::string why_not_fused_encoder(const TransformerEncoderImpl& e, const torch::
 torch::Tensor fused_encoder(TransformerEncoderImpl& encoder, const torch::Tensor& X,
                             const AttentionMask& mask) {
   if (logging_paths()) log_path(kEncoderFn, AttentionBackend::kAuto, "fused_pass", {});
+  recheck_packed_weights();  // Note [Packed weights]
   if (encoder.embedding->weight.scalar_type() == torch::kDouble) {
     return fused_encoder_typed<double>(encoder, X, mask);
   }
