@@ -5,6 +5,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
