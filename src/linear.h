@@ -52,8 +52,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W,
 /// tensor made, no dispatch); larger ones as linear() runs them: the
 /// few-rows kernel by slices of W's rows over ATen's threads below
 /// cpu::kFewRows rows, else BLAS (split by rows where
-/// linear_splits_over_threads says).
+/// linear_splits_over_threads says). Float products of 8 rows or more by a
+/// weight of kPackedMinimumElements or more run on the packed kernel, on a
+/// copy of W packed once (Note [Packed weights]); `check_bytes` has that
+/// copy compare W's bytes now rather than once per decoding.
 template <typename T>
-void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b);
+void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b,
+                 bool check_bytes = false);
 
 }  // namespace d2l::detail

@@ -11,6 +11,7 @@
 #include "checks.h"
 #include "linear.h"
 #include "multi_head_attention_cache_internal.h"
+#include "packed_weights.h"
 
 namespace d2l {
 
@@ -174,12 +175,32 @@ int64_t batch_of(const torch::Tensor& new_keys, const MultiHeadAttentionCache& c
   return cache.empty() ? 0 : Access::keys(cache).size(0);
 }
 
+// keys (B, n, in) · Wᵀ (+ b) without autograd: on the packed kernel where W
+// is packed (linear_into, its bytes compared now: this runs outside a
+// decoding's steps too), else as detail::linear.
+torch::Tensor project_for_cache(const torch::Tensor& keys, const torch::nn::Linear& W,
+                      AttentionBackend backend) {
+  const auto& w = W->weight;
+  if (!torch::GradMode::is_enabled() && backend == AttentionBackend::kAuto &&
+      keys.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat &&
+      keys.device().is_cpu() && keys.is_contiguous() && keys.dim() == 3 &&
+      keys.size(0) * keys.size(1) >= 8 && w.is_contiguous() &&
+      (!W->bias.defined() || W->bias.is_contiguous()) &&
+      detail::packed_weights(w, /*check_bytes=*/true) != nullptr) {
+    auto out = torch::empty({keys.size(0), keys.size(1), w.size(0)}, keys.options());
+    detail::linear_into<float>(out.data_ptr<float>(), keys.data_ptr<float>(),
+                               keys.size(0) * keys.size(1), w, W->bias);
+    return out;
+  }
+  return detail::linear(keys, w, W->bias, backend);
+}
+
 // Projects and appends, after the checks.
 void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
                     const torch::Tensor& keys, const torch::Tensor& values, bool grad) {
   const auto backend = m.attention->options.backend();
-  const auto k = detail::linear(keys, m.W_k->weight, m.W_k->bias, backend);
-  const auto v = detail::linear(values, m.W_v->weight, m.W_v->bias, backend);
+  const auto k = project_for_cache(keys, m.W_k, backend);
+  const auto v = project_for_cache(values, m.W_v, backend);
   if (cache.empty()) record_sources(cache, m);
   append(cache, k, v, grad);
 }

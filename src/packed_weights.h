@@ -43,7 +43,11 @@ inline constexpr int64_t kPackedMinimumElements = int64_t{1} << 16;
 /// W's packed copy, made now if there is none that matches W: W float,
 /// 2-D, contiguous, on the CPU, at least kPackedMinimumElements, not an
 /// inference tensor (which has no version counter). nullptr for other W.
-std::shared_ptr<const PackedWeights> packed_weights(const torch::Tensor& W);
+/// With `check_bytes`, a copy compares its weight's bytes now whatever
+/// recheck_packed_weights() said (for products made outside a decoding,
+/// where a fingerprint costs little beside the product).
+std::shared_ptr<const PackedWeights> packed_weights(const torch::Tensor& W,
+                                                   bool check_bytes = false);
 
 /// Has every packed copy check its weight's bytes again at its next use.
 void recheck_packed_weights();

@@ -216,7 +216,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W, const torch
 }
 
 template <typename T>
-void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b) {
+void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b,
+                 bool check_bytes) {
   const int64_t N = W.size(0), K = W.size(1);
   const T* w = W.data_ptr<T>();
   const T* bias = b.defined() ? b.data_ptr<T>() : nullptr;
@@ -233,7 +234,7 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
     // Rows of a batch on a large weight: the packed kernel (Note [Packed
     // linear]), by panels over ATen's threads.
     if (rows >= kColumnSplitRows) {
-      if (const auto packed = packed_weights(W)) {
+      if (const auto packed = packed_weights(W, check_bytes)) {
         const auto& packed_kernels = cpu::packed_linear_kernels();
         const int64_t panels = (N + packed->panel - 1) / packed->panel;
         const auto run = [&](int64_t p0, int64_t p1) {
@@ -273,8 +274,8 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
 }
 
 template void linear_into<float>(float*, const float*, int64_t, const torch::Tensor&,
-                                 const torch::Tensor&);
+                                 const torch::Tensor&, bool);
 template void linear_into<double>(double*, const double*, int64_t, const torch::Tensor&,
-                                  const torch::Tensor&);
+                                  const torch::Tensor&, bool);
 
 }  // namespace d2l::detail
