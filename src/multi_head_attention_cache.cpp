@@ -176,15 +176,17 @@ int64_t batch_of(const torch::Tensor& new_keys, const MultiHeadAttentionCache& c
 }
 
 // keys (B, n, in) · Wᵀ (+ b) without autograd: on the packed kernel where W
-// is packed (linear_into, its bytes compared now: this runs outside a
-// decoding's steps too), else as detail::linear.
+// is packed and there are 64 rows or more (linear_into, its bytes compared
+// now, since this runs outside a decoding's steps too: reading W once more,
+// which beside fewer rows' product would cost more than it saves), else as
+// detail::linear.
 torch::Tensor project_for_cache(const torch::Tensor& keys, const torch::nn::Linear& W,
                       AttentionBackend backend) {
   const auto& w = W->weight;
   if (!torch::GradMode::is_enabled() && backend == AttentionBackend::kAuto &&
       keys.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat &&
       keys.device().is_cpu() && keys.is_contiguous() && keys.dim() == 3 &&
-      keys.size(0) * keys.size(1) >= 8 && w.is_contiguous() &&
+      keys.size(0) * keys.size(1) >= 64 && w.is_contiguous() &&
       (!W->bias.defined() || W->bias.is_contiguous()) &&
       detail::packed_weights(w, /*check_bytes=*/true) != nullptr) {
     auto out = torch::empty({keys.size(0), keys.size(1), w.size(0)}, keys.options());

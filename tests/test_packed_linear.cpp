@@ -128,19 +128,19 @@ TEST(PackedWeights, FollowEveryChangeOfTheWeight) {
 }
 
 TEST(PackedWeights, ACachesProjectionsFollowEditsThroughData) {
-  // project_memory without autograd projects 8 rows or more by a packed
+  // project_memory without autograd projects 64 rows or more by a packed
   // W_k and W_v (multi_head_attention_cache.cpp), comparing their bytes at
   // each call: an edit through `.data()` between two caches is seen.
   torch::manual_seed(15);
   d2l::MultiHeadAttention m(d2l::MultiHeadAttentionOptions(256, 256, 256, 256, 4).bias(true));
   m->eval();
   torch::NoGradGuard no_grad;
-  const auto keys = torch::randn({2, 6, 256});
-  const auto values = torch::randn({2, 6, 256});
+  const auto keys = torch::randn({2, 40, 256});
+  const auto values = torch::randn({2, 40, 256});
   const auto check = [&](const char* what) {
     const auto cache = m->project_memory(keys, values);
-    const auto expected = reference(keys.reshape({12, 256}), m->W_k->weight, m->W_k->bias);
-    EXPECT_LT(max_rel_error(cache.keys().reshape({12, 256}), expected), 1e-5) << what;
+    const auto expected = reference(keys.reshape({80, 256}), m->W_k->weight, m->W_k->bias);
+    EXPECT_LT(max_rel_error(cache.keys().reshape({80, 256}), expected), 1e-5) << what;
   };
   check("first cache");
   EXPECT_GT(d2l::detail::packed_weights_held(), 0);

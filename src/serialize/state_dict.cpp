@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "checks.h"
+#include "serialize/file_bytes.h"
 #include "serialize/pickle.h"
 #include "serialize/zip.h"
 
@@ -31,19 +32,6 @@ using serialize::StateDict;
 
 constexpr const char* kStream = "<stream>";
 
-std::string read_all(std::istream& in, const Source& source) {
-  // In blocks: a character at a time (istreambuf_iterator) took 0.4 s for a
-  // model of 240 MB.
-  std::string bytes;
-  std::vector<char> block(std::size_t{1} << 20);
-  while (in.read(block.data(), static_cast<std::streamsize>(block.size())) || in.gcount() > 0) {
-    bytes.append(block.data(), static_cast<std::size_t>(in.gcount()));
-    if (!in) break;
-  }
-  if (in.bad()) source.fail("read failed");
-  return bytes;
-}
-
 std::ofstream open_for_writing(const Source& source) {
   if (const auto why = detail::unwritable_file_reason(source.path); !why.empty()) {
     source.fail("cannot write the file: it " + why);
@@ -53,13 +41,12 @@ std::ofstream open_for_writing(const Source& source) {
   return out;
 }
 
-std::string read_file(const Source& source) {
+// Checks that the file can be read (the library's reasons), then maps or
+// reads it.
+void check_readable(const Source& source) {
   if (const auto why = detail::unreadable_file_reason(source.path); !why.empty()) {
     source.fail("cannot read the file: it " + why);
   }
-  std::ifstream in(source.path, std::ios::binary);
-  if (!in) source.fail("cannot open the file (missing or unreadable)");
-  return read_all(in, source);
 }
 
 // The folder that holds data.pkl: torch.save names it after the file (1.13)
@@ -93,7 +80,7 @@ torch::Tensor load_storage(const serialize::ZipReader& zip, const std::string& p
   return storage;
 }
 
-StateDict read_bytes(const std::string& bytes, const Source& source) {
+StateDict read_bytes(std::string_view bytes, const Source& source) {
   if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80) {
     source.fail(
         "this is the legacy torch.save format (before PyTorch 1.6, a bare pickle), which is not "
@@ -324,22 +311,26 @@ void write(const StateDict& entries, std::ostream& out, const Source& source) {
 
 std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(const std::string& path) {
   const Source source{"d2l::read_state_dict", path};
-  return read_bytes(read_file(source), source);
+  check_readable(source);
+  const serialize::FileBytes file(source);
+  return read_bytes(file.view(), source);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> read_state_dict(std::istream& in) {
   const Source source{"d2l::read_state_dict", kStream};
-  return read_bytes(read_all(in, source), source);
+  return read_bytes(serialize::read_all(in, source), source);
 }
 
 void load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
   const Source source{"d2l::load_state_dict", path};
-  apply(module, read_bytes(read_file(source), source), strict, source);
+  check_readable(source);
+  const serialize::FileBytes file(source);
+  apply(module, read_bytes(file.view(), source), strict, source);
 }
 
 void load_state_dict(torch::nn::Module& module, std::istream& in, bool strict) {
   const Source source{"d2l::load_state_dict", kStream};
-  apply(module, read_bytes(read_all(in, source), source), strict, source);
+  apply(module, read_bytes(serialize::read_all(in, source), source), strict, source);
 }
 
 void write_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& entries,
