@@ -181,7 +181,7 @@ int64_t batch_of(const torch::Tensor& new_keys, const MultiHeadAttentionCache& c
 // which beside fewer rows' product would cost more than it saves), else as
 // detail::linear.
 torch::Tensor project_for_cache(const torch::Tensor& keys, const torch::nn::Linear& W,
-                      AttentionBackend backend) {
+                                AttentionBackend backend) {
   const auto& w = W->weight;
   if (!torch::GradMode::is_enabled() && backend == AttentionBackend::kAuto &&
       keys.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat &&
