@@ -111,7 +111,14 @@ inline void tile_dpbf16ps(int c, int a, int b) {
 #define D2L_TILE_ZERO(t) tile_zero(t)
 #define D2L_TILE_DPBF16PS(c, a, b) tile_dpbf16ps(c, a, b)
 #else
-inline void tile_configure(const TileConfig* c) { _tile_loadconfig(c); }
+inline void tile_configure(const TileConfig* c) {
+  // GCC 12 does not count LDTILECFG as a read of the 64 bytes at `c`: with
+  // the configuration made on the stack it sank the stores of `rows` and
+  // `bytes_per_row` past the instruction, the tiles stayed unconfigured and
+  // the first tile load was an illegal instruction. The asm reads them.
+  asm volatile("" : : "r"(c), "m"(*c) : "memory");
+  _tile_loadconfig(c);
+}
 inline void tile_release() { _tile_release(); }
 #define D2L_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
 #define D2L_TILE_STORED(t, base, stride) _tile_stored(t, base, stride)
@@ -119,19 +126,24 @@ inline void tile_release() { _tile_release(); }
 #define D2L_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
 
+// Every tile 16 rows of 64 bytes (Note [AMX tiles]).
+constexpr TileConfig sixteen_by_sixty_four() {
+  TileConfig config{};
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.bytes_per_row[t] = 64;
+  }
+  return config;
+}
+
 /// The tile configuration of Note [AMX tiles], loaded for the lifetime of a
 /// task in one thread and released after it (the tile state is the
 /// thread's; another library's products may load another between tasks).
 class TileScope {
+  alignas(64) static constexpr TileConfig kConfig = sixteen_by_sixty_four();
+
  public:
-  TileScope() {
-    alignas(64) TileConfig config;
-    for (int t = 0; t < 8; ++t) {
-      config.rows[t] = 16;
-      config.bytes_per_row[t] = 64;
-    }
-    tile_configure(&config);
-  }
+  TileScope() { tile_configure(&kConfig); }
   ~TileScope() { tile_release(); }
   TileScope(const TileScope&) = delete;
   TileScope& operator=(const TileScope&) = delete;
@@ -187,4 +199,3 @@ inline void amx_tile_block(int64_t K, const Pair* A, int64_t lda, const Pair* B,
 }  // namespace CPU_CAPABILITY
 }  // namespace d2l::cpu
 #endif
-
