@@ -114,7 +114,7 @@ endif
         multi-head python-weights python-transformer \
         fra-eng fashion-mnist bahdanau transformer vit-fashion-mnist seq2seq test check check-disk check-prune build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
-        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-transformer bench-generate bench-nn bench-spread bench-dp device-sources \
+        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-gqa bench-transformer bench-generate bench-nn bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
@@ -537,6 +537,32 @@ bench-sdpa:
 	$(call run_bench_attention,$(BUILD2_DIR),$(SDPA_SHAPES),bench-sdpa)
 	python3 benchmarks/sdpa_table.py $(SDPA_TABLE_FLAGS) $(BUILD2_DIR)/bench-sdpa-threads*-sdpa*.json \
 	  $(BUILD2_DIR)/bench-sdpa-threads*-limits.json | tee $(BUILD2_DIR)/bench-sdpa-report.md
+
+# Python's SDPA with grouped-query heads (d2l::nn::functional::
+# scaled_dot_product_attention, enable_gqa: Hq 32 over 8 or 4 key/value
+# heads, E 128) beside LibTorch's own SDPA on the same arguments, float32 and
+# bfloat16, forward and forward+backward, one process per thread count on
+# the torch 2.11 leg (docs/sdpa.md, "Speed"). GQA_SHAPES: a subset of
+# bench_sdpa_gqa's shapes.
+empty :=
+space := $(empty) $(empty)
+GQA_SHAPES ?= gqa4_b1_n512,gqa4_b1_n512_causal,gqa4_b4_n512,gqa4_b1_n2048,gqa4_b1_n2048_causal,\
+              gqa8_b1_n512,gqa8_b1_n512_causal,gqa8_b8_n512,gqa8_b1_n2048,gqa8_b1_n2048_causal,\
+              gqa8_b1_n8192_causal
+bench-gqa:
+	$(MAKE) configure TORCH=wheel
+	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_sdpa_gqa
+	gcc -O2 benchmarks/compute_peak.c -o $(BUILD2_DIR)/compute_peak
+	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do \
+	  OPENBLAS_NUM_THREADS=1 $(BUILD2_DIR)/benchmarks/bench_sdpa_gqa --threads $$t \
+	    --shapes $(subst $(space),,$(GQA_SHAPES)) --benchmark_repetitions=3 $(BENCH_FLAGS) \
+	    --benchmark_out=$(BUILD2_DIR)/bench-gqa-threads$$t.json --benchmark_out_format=json \
+	    || exit 1; \
+	done
+	python3 benchmarks/gqa_table.py \
+	  --peak "$$($(BUILD2_DIR)/compute_peak | sed -n 's/^float32 FMA peak, 1 thread: \([0-9.]*\).*/\1/p')" \
+	  $(BUILD2_DIR)/bench-gqa-threads*.json | tee $(BUILD2_DIR)/bench-gqa-report.md
 
 # The Transformer's attention beside its peers on the torch 2.11 leg: causal
 # self-attention at n = m = 2048 against the same kernel unmasked and SDPA's

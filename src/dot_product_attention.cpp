@@ -166,6 +166,7 @@ std::tuple<torch::Tensor, torch::Tensor> run_dot_product_attention(const DotProd
   const double dropout = params.dropout;
   const bool training = params.training, need_weights = params.need_weights;
   const auto sqrt_d = std::sqrt(static_cast<double>(queries.size(-1)));
+  const double scale = params.scale.value_or(1.0 / sqrt_d);
   const double sdpa_dropout = training ? dropout : 0.0;
   switch (path) {
     case DotProductPath::kSdpa:
@@ -174,21 +175,20 @@ std::tuple<torch::Tensor, torch::Tensor> run_dot_product_attention(const DotProd
                   : sdpa_attention(queries, keys, values, mask.lens, mask.range, sdpa_dropout),
               torch::Tensor()};
     case DotProductPath::kFlash:
-      return flash_attention(queries, keys, values, mask.lens, 1.0 / sqrt_d, need_weights);
+      return flash_attention(queries, keys, values, mask.lens, scale, need_weights);
     case DotProductPath::kFlashBf16:
-      return {flash_attention_bf16(queries, keys, values, mask.lens, 1.0 / sqrt_d),
-              torch::Tensor()};
+      return {flash_attention_bf16(queries, keys, values, mask.lens, scale), torch::Tensor()};
     default: break;
   }
   auto qk = torch::bmm(queries, keys.transpose(1, 2));
+  // The book divides by sqrt(d); a given scale multiplies.
+  const auto scaled = [&](const torch::Tensor& x) { return params.scale ? x * scale : x / sqrt_d; };
   // The fused kernel folds the 1/sqrt(d) scaling into its exponentials, and
   // without autograd writes the weights over qk, which nothing else holds.
-  auto weights =
-      mask.allowed.defined()
-          ? composite_masked_softmax_where(qk / sqrt_d, mask.allowed)
-      : path == DotProductPath::kFusedSoftmax
-          ? fused_masked_softmax_consuming(std::move(qk), mask.lens, 1.0 / sqrt_d)
-          : composite_masked_softmax(qk / sqrt_d, mask.lens);
+  auto weights = mask.allowed.defined() ? composite_masked_softmax_where(scaled(qk), mask.allowed)
+                 : path == DotProductPath::kFusedSoftmax
+                     ? fused_masked_softmax_consuming(std::move(qk), mask.lens, scale)
+                     : composite_masked_softmax(scaled(qk), mask.lens);
   auto output = torch::bmm(dropout_weights(weights, dropout, training), values);
   if (!need_weights) weights = torch::Tensor();
   return {std::move(output), std::move(weights)};

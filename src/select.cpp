@@ -232,6 +232,31 @@ Selection<DotProductPath> select_dot_product(const char* fn, const DotProductPar
   return selection;
 }
 
+Selection<DotProductPath> select_scaled_dot_product(const char* fn, const DotProductParams& p,
+                                                    bool explain) {
+  Selection<DotProductPath> selection{DotProductPath::kComposite, {}};
+  auto* reasons = explain ? &selection.reasons : nullptr;
+  const auto& queries = p.queries;
+  if (p.backend == AttentionBackend::kSdpa ||
+      (p.backend == AttentionBackend::kAuto && queries.is_cuda() && D2L_HAS_SDPA)) {
+    TORCH_CHECK(D2L_HAS_SDPA,
+                fmt::format("{}: AttentionBackend::kSdpa needs LibTorch 2.1 or newer "
+                            "(at::scaled_dot_product_attention); this build of d2l_attention "
+                            "uses LibTorch {}",
+                            fn, torch_version()));
+    selection.path = DotProductPath::kSdpa;
+    return selection;
+  }
+  if (use_fused(fn, p.backend, queries.device()) && !p.mask.general_because.empty()) {
+    refuse(reasons, {"flash", "fused_softmax"},
+           p.mask.general_because + " (the composite path is Python's math path)");
+    return selection;
+  }
+  selection = select_dot_product(fn, p, explain);
+  if (selection.path == DotProductPath::kSdpa) selection.path = DotProductPath::kComposite;
+  return selection;
+}
+
 const char* to_string(AdditivePath path) {
   switch (path) {
     case AdditivePath::kFusedProjections: return "fused_projections";

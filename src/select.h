@@ -23,6 +23,7 @@
 #include <d2l/backend.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,8 @@ struct DotProductParams {
   double dropout = 0.0;
   bool training = false;
   bool need_weights = true;
+  /// The factor of Q Kᵀ; the book's division by sqrt(d) when unset.
+  std::optional<double> scale = std::nullopt;
 };
 
 /// The path functional::dot_product_attention runs. kFused runs the flash
@@ -96,6 +99,18 @@ struct DotProductParams {
 /// `need_weights`.
 Selection<DotProductPath> select_dot_product(const char* fn, const DotProductParams& params,
                                              bool explain);
+
+/// The path of nn::functional::scaled_dot_product_attention (Python's
+/// semantics), for `params` of its calls flattened to (B, n, d) batches (the
+/// grouped heads folded into the queries), whose dropout is drawn whenever
+/// it is above 0. kAuto on CUDA and kSdpa run LibTorch's SDPA with the
+/// call's own arguments (an error on LibTorch before 2.1 for kSdpa); on the
+/// CPU the kernels run as select_dot_product chooses for them, and a mask
+/// they cannot take (its `general_because`: a float bias, a mask that is not
+/// a prefix, E = 0, a zero size) runs the composite path, which is Python's
+/// math path.
+Selection<DotProductPath> select_scaled_dot_product(const char* fn, const DotProductParams& params,
+                                                    bool explain);
 
 /// What additive attention runs, fastest first.
 enum class AdditivePath {

@@ -10,8 +10,9 @@
 #include <d2l/generate.h>
 #include <d2l/masked_softmax.h>
 #include <d2l/multi_head_attention.h>
-#include <d2l/nmt_data.h>
 #include <d2l/nadaraya_watson.h>
+#include <d2l/nmt_data.h>
+#include <d2l/scaled_dot_product_attention.h>
 #include <d2l/seq2seq.h>
 #include <d2l/sequence_mask.h>
 #include <d2l/state_dict.h>

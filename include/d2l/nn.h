@@ -9,6 +9,7 @@
 // Not included by the umbrella d2l/attention.h: include <d2l/nn.h>.
 
 #include <d2l/backend.h>
+#include <d2l/scaled_dot_product_attention.h>
 
 #include <torch/arg.h>
 #include <torch/enum.h>

@@ -112,14 +112,13 @@ void row_panels_any(int64_t count, int64_t K, const float* x, const float* P, in
   }
 }
 
-// sums[0 .. n) += part[0 .. n).
-void add_into(float* sums, const float* part, int64_t n) {
+// sums[0 .. panels · kPanel) += part[0 .. panels · kPanel): whole vectors.
+void add_panels(float* sums, const float* part, int64_t panels) {
   using V = Vectorized<float>;
-  int64_t j = 0;
-  for (; j + V::size() <= n; j += V::size()) {
+  static_assert(kPanel % V::size() == 0);
+  for (int64_t j = 0; j < panels * kPanel; j += V::size()) {
     (V::loadu(sums + j) + V::loadu(part + j)).store(sums + j);
   }
-  for (; j < n; ++j) sums[j] += part[j];
 }
 
 // out[r][c0 .. c0 + cols) = sums[r][0 .. cols) (+ bias[c0 ..]) for `rows` rows.
@@ -167,7 +166,7 @@ void packed_forward(const float* x, int64_t rows, int64_t K, const float* packed
                                   kPanel, c, false);
           if (k0 > 0) {
             for (int64_t r = 0; r < kTileRows; ++r) {
-              add_into(sums + r * ld + q * kPanel, part + r * ld + q * kPanel, kPanel);
+              add_panels(sums + r * ld + q * kPanel, part + r * ld + q * kPanel, 1);
             }
           }
         }
@@ -178,7 +177,7 @@ void packed_forward(const float* x, int64_t rows, int64_t K, const float* packed
       for (int64_t k0 = 0; k0 < K; k0 += kDepth) {
         row_panels_any(count, std::min(kDepth, K - k0), x + r * K + k0, P + k0 * kPanel, stride,
                        k0 == 0 ? sums : part);
-        if (k0 > 0) add_into(sums, part, count * kPanel);
+        if (k0 > 0) add_panels(sums, part, count);
       }
       finish(sums, ld, 1, cols, b, out + r * N + c0, N);
     }

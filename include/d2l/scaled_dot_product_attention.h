@@ -1,0 +1,78 @@
+#pragma once
+
+// Python's torch.nn.functional.scaled_dot_product_attention in C++, argument
+// for argument, on LibTorch 1.13 and 2.x alike (docs/sdpa.md): the library's
+// kernels on the CPU, LibTorch's own SDPA on CUDA where it has one.
+
+#include <d2l/backend.h>
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <optional>
+
+namespace d2l::nn {
+namespace functional {
+
+/// Where the causal mask's diagonal sits, as Python's
+/// torch.nn.attention.bias.CausalVariant names it.
+enum class CausalVariant {
+  /// Query i sees keys j <= i: Python's is_causal=True (causal_upper_left).
+  kUpperLeft,
+  /// Query i sees keys j <= i + S - L: the last query sees the last key, as
+  /// queries that continue a cache of S - L earlier keys do (Python's
+  /// causal_lower_right(L, S) given as attn_mask). With L > S the first
+  /// L - S queries see no key and get zeros.
+  kLowerRight,
+};
+
+/// The keyword arguments of Python's F.scaled_dot_product_attention, with
+/// its defaults, and the library's backend.
+struct ScaledDotProductAttentionFuncOptions {
+  /// Which (query, key) pairs take part, broadcastable to the scores (...,
+  /// Hq, L, S): boolean, true where the pair takes part (the opposite of
+  /// d2l::AttentionMask::attn_mask), or floating (float32 or the queries'
+  /// dtype), added to the scaled scores, -inf leaving a pair out. Undefined:
+  /// every pair takes part.
+  TORCH_ARG(torch::Tensor, attn_mask) = {};
+  /// Probability of zeroing an attention weight, drawn whenever it is above
+  /// 0 (as Python draws it: there is no training flag); in [0, 1).
+  TORCH_ARG(double, dropout_p) = 0.0;
+  /// Query i sees keys j <= i (aligned at the top left, as Python's
+  /// is_causal; d2l::AttentionMask::is_causal aligns at the bottom right),
+  /// or as causal_variant says. Not with attn_mask.
+  TORCH_ARG(bool, is_causal) = false;
+  /// The causal mask's alignment: Python's is_causal (kUpperLeft), or its
+  /// causal_lower_right bias (kLowerRight), which Python passes as attn_mask.
+  TORCH_ARG(CausalVariant, causal_variant) = CausalVariant::kUpperLeft;
+  /// The factor of Q Kᵀ; 1/sqrt(E) when unset.
+  TORCH_ARG(std::optional<double>, scale) = std::nullopt;
+  /// Keys and values of Hkv heads serve Hq = g · Hkv query heads: query head
+  /// h reads key/value head h / g, in place (the kernels never repeat them).
+  TORCH_ARG(bool, enable_gqa) = false;
+  /// Which implementation runs (d2l::AttentionBackend); explain_path says
+  /// which runs and why.
+  TORCH_ARG(AttentionBackend, backend) = AttentionBackend::kAuto;
+};
+
+/// softmax(Q Kᵀ · scale + mask) V as Python computes it: query (..., Hq, L,
+/// E), key (..., Hk, S, E), value (..., Hv, S, Ev), at least 2-D each, their
+/// leading dimensions broadcast (the head dimension too, unless enable_gqa);
+/// returns (..., Hq, L, Ev). A query that sees no key gets a zero output and
+/// zero gradients, as in Python 2.5 and later. float32, float64, bfloat16
+/// and float16 (which the CPU widens to float32 and narrows back).
+torch::Tensor scaled_dot_product_attention(
+    const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+    const ScaledDotProductAttentionFuncOptions& options = {});
+
+}  // namespace functional
+
+/// Which path functional::scaled_dot_product_attention takes for these
+/// arguments and why it refused the faster ones: "flash", "flash_bf16",
+/// "fused_softmax", "sdpa" or "composite". The same checks and errors as
+/// the call, without computing anything.
+PathExplanation explain_path(const torch::Tensor& query, const torch::Tensor& key,
+                             const torch::Tensor& value,
+                             const functional::ScaledDotProductAttentionFuncOptions& options);
+
+}  // namespace d2l::nn

@@ -1,0 +1,439 @@
+// d2l::nn::functional::scaled_dot_product_attention: Python's semantics
+// (Note [Python's SDPA]) over the library's paths. The checks come first;
+// then the call is flattened to the (B, n, d) batches the kernels take, its
+// mask turned into lengths where it is a prefix in every row, and its
+// grouped-query heads folded into the queries (Note [Grouped heads as
+// longer entries]); the path is select_scaled_dot_product's (select.cpp).
+
+#include <d2l/scaled_dot_product_attention.h>
+#include <d2l/torch_version.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "checks.h"
+#include "dot_product_attention_internal.h"
+#include "select.h"
+
+// Note [Python's SDPA]
+// The function follows torch.nn.functional.scaled_dot_product_attention of
+// PyTorch 2.11, checked case by case against it (tests/test_sdpa.cpp, fixtures
+// from tests/fixtures/generate_fixtures_sdpa.py): inputs of at least two
+// dimensions whose leading ones broadcast; a boolean mask that keeps a pair
+// where true, or a float one added to the scaled scores; is_causal aligned at
+// the top left and refused beside a mask; dropout drawn whenever dropout_p >
+// 0; enable_gqa repeating each key/value head for its group of query heads
+// (here: reading it in place); a row that sees no key gives zeros, forward
+// and backward (Python's _safe_softmax, 2.5 and later; 2.1-2.4 gave NaN).
+// Where Python accepts what cannot be meant, this refuses it, naming the
+// argument: dropout_p outside [0, 1) (Python ignores a negative one and
+// zeroes everything at 1), NaN or +inf in a float mask and a non-finite
+// scale (Python returns NaN).
+//
+// Note [Grouped heads as longer entries]
+// With query heads h = r · g + i (i < g) reading key/value head r, the g
+// query heads of a group are contiguous in (B, Hq, L, E): viewed as (B ·
+// Hkv, g · L, E) they are one batch entry of g · L queries over that
+// entry's keys and values. So every kernel that takes (B, n, d) batches and
+// lengths per query runs grouped-query attention unchanged, reading each
+// key/value head once per block of queries (from any of the g heads), with
+// dK and dV summed over the group inside the entry: no repeat, no scratch.
+// Lengths per query, (B · Hq, L), view as (B · Hkv, g · L) the same way.
+
+namespace d2l::detail {
+namespace {
+
+constexpr const char* kFn = "d2l::nn::functional::scaled_dot_product_attention";
+
+using Shape = std::vector<int64_t>;
+
+Shape leading(const torch::Tensor& t) { return {t.sizes().begin(), t.sizes().end() - 2}; }
+
+std::string shape_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// Python's broadcast of two shapes, or nullopt where they do not broadcast.
+std::optional<Shape> broadcast(const Shape& a, const Shape& b) {
+  Shape out(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t x = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
+    const int64_t y = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
+    if (x != y && x != 1 && y != 1) return std::nullopt;
+    out[i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+// A call's checked arguments and what they come to.
+struct SdpaCall {
+  torch::Tensor query, key, value, mask;
+  /// The output's leading dimensions (..., Hq), and the keys' and values'
+  /// heads after broadcasting (Hq without enable_gqa).
+  Shape batch;
+  int64_t heads_k = 1, heads_v = 1;
+  int64_t L = 0, S = 0, E = 0, Ev = 0;
+  bool gqa = false, is_causal = false;
+  /// The causal diagonal's offset: query i sees keys j <= i + diagonal (0,
+  /// or S - L for CausalVariant::kLowerRight).
+  int64_t diagonal = 0;
+  double scale = 1.0;
+  double dropout = 0.0;
+  AttentionBackend backend = AttentionBackend::kAuto;
+
+  int64_t entries() const {
+    int64_t n = 1;
+    for (auto s : batch) n *= s;
+    return n;
+  }
+  int64_t heads_q() const { return batch.empty() ? 1 : batch.back(); }
+};
+
+void check_mask(const SdpaCall& c) {
+  const auto& mask = c.mask;
+  check_strided_layout(kFn, "attn_mask", mask);
+  const auto type = mask.scalar_type();
+  TORCH_CHECK(
+      type == torch::kBool || type == torch::kFloat || type == c.query.scalar_type(),
+      fmt::format("{}: attn_mask must be boolean (true: the pair takes part), float32 or "
+                  "the query's dtype {}, got {} attn_mask {}",
+                  kFn, c10::toString(c.query.scalar_type()), c10::toString(type), shape_of(mask)));
+  check_same_device(kFn, "query", c.query, "attn_mask", mask);
+  Shape scores = c.batch;
+  scores.push_back(c.L);
+  scores.push_back(c.S);
+  const Shape given(mask.sizes().begin(), mask.sizes().end());
+  const auto joined = broadcast(given, scores);
+  TORCH_CHECK(joined && *joined == scores,
+              fmt::format("{}: attn_mask {} must broadcast to the scores' shape {} (the output's "
+                          "leading dimensions, L = {} queries, S = {} keys)",
+                          kFn, shape_of(mask), shape_string(scores), c.L, c.S));
+  if (type != torch::kBool && mask.numel() > 0) {
+    TORCH_CHECK(!torch::isnan(mask).any().item<bool>(),
+                fmt::format("{}: attn_mask {} holds NaN (use -inf to leave a pair out)", kFn,
+                            shape_of(mask)));
+    TORCH_CHECK(!torch::isposinf(mask).any().item<bool>(),
+                fmt::format("{}: attn_mask {} holds +inf, which makes the softmax NaN", kFn,
+                            shape_of(mask)));
+  }
+}
+
+SdpaCall check_call(const torch::Tensor& query, const torch::Tensor& key,
+                    const torch::Tensor& value,
+                    const nn::functional::ScaledDotProductAttentionFuncOptions& options) {
+  const std::pair<const char*, const torch::Tensor*> inputs[] = {
+      {"query", &query}, {"key", &key}, {"value", &value}};
+  for (const auto& [name, t] : inputs) {
+    TORCH_CHECK(t->defined(), fmt::format("{}: {} must be a defined tensor", kFn, name));
+    check_strided_layout(kFn, name, *t);
+    TORCH_CHECK(t->dim() >= 2, fmt::format("{}: {} must have at least 2 dimensions (..., L or S, "
+                                           "E), got {}",
+                                           kFn, name, shape_of(*t)));
+    TORCH_CHECK(at::isFloatingType(t->scalar_type()),
+                fmt::format("{}: {} must have a floating-point dtype, got {}", kFn, name,
+                            c10::toString(t->scalar_type())));
+  }
+  check_same_dtype(kFn, "query", query, "key", key);
+  check_same_dtype(kFn, "query", query, "value", value);
+  check_same_device(kFn, "query", query, "key", key);
+  check_same_device(kFn, "query", query, "value", value);
+  TORCH_CHECK(query.size(-1) == key.size(-1),
+              fmt::format("{}: query and key must have the same feature size E, got query {} and "
+                          "key {}",
+                          kFn, shape_of(query), shape_of(key)));
+  TORCH_CHECK(key.size(-2) == value.size(-2),
+              fmt::format("{}: key and value must have the same number of keys S, got key {} and "
+                          "value {}",
+                          kFn, shape_of(key), shape_of(value)));
+  const double p = options.dropout_p();
+  TORCH_CHECK(p >= 0 && p < 1, fmt::format("{}: dropout_p must be in [0, 1), got {}", kFn, p));
+  TORCH_CHECK(!options.scale() || std::isfinite(*options.scale()),
+              fmt::format("{}: scale must be finite, got {}", kFn, options.scale().value_or(0)));
+  TORCH_CHECK(!(options.is_causal() && options.attn_mask().defined()),
+              fmt::format("{}: is_causal and attn_mask are exclusive (as in Python), got "
+                          "is_causal with attn_mask {}",
+                          kFn, shape_of(options.attn_mask())));
+
+  SdpaCall c;
+  c.query = query, c.key = key, c.value = value, c.mask = options.attn_mask();
+  c.L = query.size(-2), c.S = key.size(-2), c.E = query.size(-1), c.Ev = value.size(-1);
+  c.is_causal = options.is_causal();
+  if (options.causal_variant() == nn::functional::CausalVariant::kLowerRight)
+    c.diagonal = c.S - c.L;
+  c.dropout = p;
+  c.backend = options.backend();
+  c.scale = options.scale().value_or(1.0 / std::sqrt(static_cast<double>(c.E)));
+  Shape q = leading(query), k = leading(key), v = leading(value);
+  if (options.enable_gqa() && !q.empty() && !k.empty() && !v.empty()) {
+    const int64_t hq = q.back(), hk = k.back(), hv = v.back();
+    TORCH_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0,
+                fmt::format("{}: with enable_gqa the query heads (dimension -3) must be a "
+                            "multiple of the key and value heads, got query {}, key {} and "
+                            "value {}",
+                            kFn, shape_of(query), shape_of(key), shape_of(value)));
+    c.gqa = hk != hq || hv != hq;
+    c.heads_k = hk, c.heads_v = hv;
+    k.back() = hq, v.back() = hq;  // broadcast the rest as if repeated
+  }
+  auto batch = broadcast(q, k);
+  if (batch) batch = broadcast(*batch, v);
+  TORCH_CHECK(batch.has_value(),
+              fmt::format("{}: the leading dimensions of query {}, key {} and value {} do not "
+                          "broadcast{}",
+                          kFn, shape_of(query), shape_of(key), shape_of(value),
+                          options.enable_gqa() ? ""
+                                               : " (fewer key/value heads than query heads need "
+                                                 "enable_gqa)"));
+  c.batch = std::move(*batch);
+  if (!c.gqa) c.heads_k = c.heads_v = c.heads_q();
+  if (c.mask.defined()) check_mask(c);
+  return c;
+}
+
+// The lengths (entries, L) of a mask that keeps a prefix of the keys in
+// every row, undefined where every row keeps every key; nullopt for any
+// other mask. `why` says what keeps it from lengths.
+std::optional<torch::Tensor> mask_as_lengths(const SdpaCall& c, std::string* why) {
+  const int64_t B = c.entries();
+  if (c.is_causal) {
+    if (c.diagonal == 0 && c.S <= 1) return torch::Tensor();  // every row sees every key
+    auto lens = torch::arange(1 + c.diagonal, c.L + 1 + c.diagonal, torch::kLong).clamp(0, c.S);
+    return lens.expand({B, c.L}).contiguous();
+  }
+  if (!c.mask.defined()) return torch::Tensor();
+  auto keep = c.mask;
+  if (keep.scalar_type() != torch::kBool) {
+    const auto neginf = torch::isneginf(keep);
+    if (!neginf.logical_or(keep == 0).all().item<bool>()) {
+      *why = "a float attn_mask with biases other than 0 and -inf (the kernels mask by lengths)";
+      return std::nullopt;
+    }
+    keep = neginf.logical_not();
+  }
+  auto sizes = keep.sizes().vec();
+  sizes.back() = c.S;
+  keep = keep.expand(sizes);
+  const auto counts = keep.sum(-1);  // int64
+  const auto prefix = torch::arange(c.S, counts.options()) < counts.unsqueeze(-1);
+  if (!prefix.eq(keep).all().item<bool>()) {
+    *why =
+        "an attn_mask that is not a prefix of the keys in every row (the kernels mask by "
+        "lengths)";
+    return std::nullopt;
+  }
+  if (counts.numel() == 0 || counts.min().item<int64_t>() == c.S) return torch::Tensor();
+  Shape rows = c.batch;
+  rows.push_back(c.L);
+  return counts.expand(rows).reshape({B, c.L}).contiguous();
+}
+
+// The checked call as the flash kernels' (B, n, d) batches: grouped heads
+// folded into the queries (Note [Grouped heads as longer entries]), on the
+// CPU and outside LibTorch's own SDPA.
+struct Flattened {
+  torch::Tensor q, k, v;
+  ResolvedMask mask;
+  int64_t group = 1;
+};
+
+// The group size the kernels fold: the query heads per key/value head where
+// keys and values have the same heads, else 1 (both repeated to Hq).
+int64_t fold_group(const SdpaCall& c) {
+  return c.gqa && c.heads_k == c.heads_v ? c.heads_q() / c.heads_k : 1;
+}
+
+DotProductParams placeholder_params(const SdpaCall& c, ResolvedMask mask) {
+  const int64_t g = fold_group(c), B = c.entries() / std::max<int64_t>(g, 1);
+  const auto one = torch::empty({1, 1, 1}, c.query.options());
+  return {one.expand({B, g * c.L, c.E}),
+          one.expand({B, c.S, c.E}),
+          one.expand({B, c.S, c.Ev}),
+          std::move(mask),
+          c.backend,
+          c.dropout,
+          /*training=*/c.dropout > 0,
+          /*need_weights=*/false,
+          c.scale};
+}
+
+// What decides the path, with the mask resolved where the kernels could run.
+DotProductParams params_of(const SdpaCall& c, std::string* why) {
+  ResolvedMask mask;
+  const bool kernels_could_run = c.query.device().is_cpu() &&
+                                 c.backend != AttentionBackend::kComposite &&
+                                 c.backend != AttentionBackend::kSdpa;
+  if (kernels_could_run) {
+    if (c.E == 0) {
+      mask.general_because = "E = 0 (every score is 0: uniform weights)";
+    } else if (c.entries() == 0 || c.L == 0 || c.S == 0) {
+      mask.general_because = "a size is zero";
+    } else if (auto lens = mask_as_lengths(c, why)) {
+      mask.lens = std::move(*lens);
+      if (mask.lens.defined()) {
+        mask.range = LengthRange{static_cast<double>(mask.lens.min().item<int64_t>()),
+                                 static_cast<double>(mask.lens.max().item<int64_t>()),
+                                 {}};
+      }
+    } else {
+      mask.general_because = *why;
+    }
+  }
+  return placeholder_params(c, std::move(mask));
+}
+
+// Keys or values of `heads` heads for the kernels: expanded to the call's
+// leading dimensions with Hq / g heads, repeated where keys and values
+// differ in heads, as (entries / g, S, features).
+torch::Tensor flatten_kv(const SdpaCall& c, const torch::Tensor& t, int64_t heads, int64_t g) {
+  auto x = t;
+  Shape sizes = c.batch;
+  if (c.gqa) {
+    if (g == 1 && heads != c.heads_q()) x = x.repeat_interleave(c.heads_q() / heads, -3);
+    sizes.back() = c.heads_q() / g;
+  }
+  sizes.push_back(c.S);
+  sizes.push_back(t.size(-1));
+  return x.expand(sizes).reshape({-1, c.S, t.size(-1)}).contiguous();
+}
+
+// Python's math path, the readable oracle every other path is tested
+// against: the mask applied as Python applies it, then softmax (zeros for a
+// row that sees no key), dropout and the values. float16 and bfloat16 run
+// in float on the CPU, as Python's math path runs them.
+torch::Tensor composite(const SdpaCall& c) {
+  const auto type = c.query.scalar_type();
+  const bool widen =
+      c.query.device().is_cpu() && (type == torch::kHalf || type == torch::kBFloat16);
+  const auto compute = [&](const torch::Tensor& t) { return widen ? t.to(torch::kFloat) : t; };
+  auto q = compute(c.query), k = compute(c.key), v = compute(c.value);
+  if (c.gqa) {
+    k = k.repeat_interleave(c.heads_q() / c.heads_k, -3);
+    v = v.repeat_interleave(c.heads_q() / c.heads_v, -3);
+  }
+  // E = 0: every score is an empty sum, 0, whatever the scale.
+  auto scores = at::matmul(q, k.transpose(-2, -1));
+  if (c.E > 0) scores = scores * c.scale;
+  const double neginf = -std::numeric_limits<double>::infinity();
+  if (c.is_causal) {
+    const auto keep = torch::ones({c.L, c.S}, q.options().dtype(torch::kBool)).tril(c.diagonal);
+    scores = scores.masked_fill(keep.logical_not(), neginf);
+  } else if (c.mask.defined()) {
+    scores = c.mask.scalar_type() == torch::kBool
+                 ? scores.masked_fill(c.mask.logical_not(), neginf)
+                 : scores + compute(c.mask).to(scores.scalar_type());
+  }
+  // A row of -inf scores gets zero weights and no NaN in its gradient: its
+  // scores are made finite before the softmax and its weights zeroed after.
+  const auto dead = (scores == neginf).all(-1, /*keepdim=*/true);
+  auto weights = torch::softmax(scores.masked_fill(dead, 0), -1).masked_fill(dead, 0);
+  if (c.dropout > 0) weights = torch::dropout(weights, c.dropout, /*train=*/true);
+  auto out = at::matmul(weights, v);
+  return widen ? out.to(type) : out;
+}
+
+#if D2L_HAS_SDPA
+// LibTorch's own SDPA with the call's arguments; rows that see no key are
+// zeroed where LibTorch (before 2.5) leaves NaN there.
+torch::Tensor libtorch_sdpa(const SdpaCall& c) {
+  auto k = c.key, v = c.value;
+  auto mask = c.mask.defined() ? std::optional<torch::Tensor>(c.mask) : std::nullopt;
+  bool is_causal = c.is_causal;
+  if (is_causal && c.diagonal != 0) {
+    // LibTorch's is_causal is the upper-left variant: the lower right one is
+    // a boolean mask, as Python's causal_lower_right materialises it.
+    mask = torch::ones({c.L, c.S}, c.query.options().dtype(torch::kBool)).tril(c.diagonal);
+    is_causal = false;
+  }
+#if D2L_TORCH_VERSION_AT_LEAST(2, 5)
+  if (mask && c.diagonal < 0) {
+    // Rows that see no key: zeros, whatever the CUDA kernel would give.
+    const auto dead = mask->any(-1, /*keepdim=*/true).logical_not();
+    return at::scaled_dot_product_attention(c.query, k, v, mask->logical_or(dead), c.dropout, false,
+                                            c.scale, c.gqa)
+        .masked_fill(dead, 0);
+  }
+  return at::scaled_dot_product_attention(c.query, k, v, mask, c.dropout, is_causal, c.scale,
+                                          c.gqa);
+#else
+  if (c.gqa) {
+    k = k.repeat_interleave(c.heads_q() / c.heads_k, -3);
+    v = v.repeat_interleave(c.heads_q() / c.heads_v, -3);
+  }
+  torch::Tensor dead;
+  if (mask) {
+    const auto keep =
+        mask->scalar_type() == torch::kBool ? *mask : torch::isneginf(*mask).logical_not();
+    dead = keep.any(-1, /*keepdim=*/true).logical_not();
+    mask =
+        mask->scalar_type() == torch::kBool ? mask->logical_or(dead) : mask->masked_fill(dead, 0);
+  }
+  auto out = at::scaled_dot_product_attention(c.query, k, v, mask, c.dropout, is_causal, c.scale);
+  return dead.defined() ? out.masked_fill(dead, 0) : out;
+#endif
+}
+#endif
+
+torch::Tensor run(const SdpaCall& c, DotProductParams params, DotProductPath path) {
+  switch (path) {
+    case DotProductPath::kSdpa:
+#if D2L_HAS_SDPA
+      return libtorch_sdpa(c);
+#else
+      TORCH_INTERNAL_ASSERT(false, "kSdpa without LibTorch 2.1");
+#endif
+    case DotProductPath::kComposite: return composite(c);
+    default: break;
+  }
+  const int64_t g = fold_group(c);
+  Shape q_sizes = c.batch;
+  q_sizes.push_back(c.L);
+  q_sizes.push_back(c.E);
+  params.queries = c.query.expand(q_sizes).reshape({-1, g * c.L, c.E}).contiguous();
+  params.keys = flatten_kv(c, c.key, c.heads_k, g);
+  params.values = flatten_kv(c, c.value, c.heads_v, g);
+  if (params.mask.lens.defined()) params.mask.lens = params.mask.lens.view({-1, g * c.L});
+  auto out = std::get<0>(run_dot_product_attention(params, path));
+  Shape out_sizes = c.batch;
+  out_sizes.push_back(c.L);
+  out_sizes.push_back(c.Ev);
+  return out.view(out_sizes);
+}
+
+}  // namespace
+}  // namespace d2l::detail
+
+namespace d2l::nn {
+namespace functional {
+
+torch::Tensor scaled_dot_product_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                           const torch::Tensor& value,
+                                           const ScaledDotProductAttentionFuncOptions& options) {
+  using namespace d2l::detail;
+  const auto call = check_call(query, key, value, options);
+  std::string why;
+  auto params = params_of(call, &why);
+  const bool log = logging_paths();
+  const auto selection = select_scaled_dot_product(kFn, params, log);
+  if (log) log_path(kFn, call.backend, to_string(selection.path), selection.reasons);
+  return run(call, std::move(params), selection.path);
+}
+
+}  // namespace functional
+
+PathExplanation explain_path(const torch::Tensor& query, const torch::Tensor& key,
+                             const torch::Tensor& value,
+                             const functional::ScaledDotProductAttentionFuncOptions& options) {
+  using namespace d2l::detail;
+  const auto call = check_call(query, key, value, options);
+  std::string why;
+  const auto params = params_of(call, &why);
+  auto selection = select_scaled_dot_product(kFn, params, /*explain=*/true);
+  return {kFn, call.backend, to_string(selection.path), std::move(selection.reasons)};
+}
+
+}  // namespace d2l::nn
