@@ -387,11 +387,10 @@ TEST_P(FlashBf16, ExplainPathSaysWhichKernel) {
   // tiles, one line says why; else none.
   const auto reasons = explain(q, false).reasons;
   if (d2l::cpu_isa() == d2l::CpuIsa::kAvx512Bf16 && d2l::cpu_isa_available(d2l::CpuIsa::kAmxBf16)) {
-    EXPECT_EQ(reasons, std::vector<std::string>{
-                           "flash_bf16_amx: the kernels' instruction set is avx512_bf16 (the AMX "
-                           "kernel runs when asked for: D2L_CPU_ISA=amx_bf16 or "
-                           "d2l::set_cpu_isa(d2l::CpuIsa::kAmxBf16)); the products run in "
-                           "VDPBF16PS"});
+    ASSERT_EQ(reasons.size(), 1u);
+    EXPECT_THAT(reasons[0], ::testing::StartsWith("flash_bf16_amx: the kernels' instruction set "
+                                                  "is avx512_bf16 ("));
+    EXPECT_THAT(reasons[0], ::testing::EndsWith("); the products run in VDPBF16PS"));
   } else if (cpu_has_amx_bf16() && !d2l::cpu_isa_available(d2l::CpuIsa::kAmxBf16)) {
     ASSERT_EQ(reasons.size(), 1u);
     EXPECT_THAT(reasons[0], ::testing::StartsWith("flash_bf16_amx: "));

@@ -6,6 +6,7 @@
 #include <d2l/additive_attention.h>
 #include <d2l/backend.h>
 #include <d2l/dot_product_attention.h>
+#include <d2l/scaled_dot_product_attention.h>
 
 #include <c10/core/InferenceMode.h>
 
@@ -154,6 +155,36 @@ TEST(ReliabilityConcurrency, ThreadsShareAWeightsPackedCopy) {
   for (const auto& r : results) {
     EXPECT_LT((r.to(torch::kDouble) - expected).abs().max().item<double>(), 1e-3);
     EXPECT_TRUE(torch::equal(r, results[0]));
+  }
+}
+
+// Threads calling Python's SDPA at once, forward and backward, grouped heads
+// and a prefix mask (the flash kernel), each result equal to one thread's.
+TEST(ReliabilityConcurrency, ThreadsCallScaledDotProductAttentionAtOnce) {
+  namespace F = d2l::nn::functional;
+  torch::manual_seed(17);
+  const auto q = torch::randn({2, 8, 40, 16}), k = torch::randn({2, 2, 50, 16}),
+             v = torch::randn({2, 2, 50, 16});
+  const auto mask = torch::arange(50) < torch::tensor({30, 50}).view({2, 1, 1, 1});
+  const auto options = F::ScaledDotProductAttentionFuncOptions().attn_mask(mask).enable_gqa(true);
+  const auto run = [&] {
+    auto qq = q.clone().requires_grad_();
+    auto out = F::scaled_dot_product_attention(qq, k, v, options);
+    out.sum().backward();
+    return std::make_pair(out.detach(), qq.grad());
+  };
+  const auto expected = run();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> results(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) results[t] = run();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& [out, grad] : results) {
+    EXPECT_TRUE(torch::equal(out, expected.first));
+    EXPECT_TRUE(torch::equal(grad, expected.second));
   }
 }
 

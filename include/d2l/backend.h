@@ -81,7 +81,8 @@ enum class CpuIsa { kDefault, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16 };
 /// a wider CPU runs as a narrower one would. A D2L_CPU_ISA that names no
 /// level, or one this CPU or build cannot run, is a c10::Error naming it and
 /// the levels at hand, from the first call that needs the level on.
-/// kAmxBf16 runs only when asked for so (docs/kernels.md, "bfloat16").
+/// kAmxBf16 is chosen where the CPU has AMX and Linux grants this process
+/// its tile state, which the first call asks for (docs/kernels.md, "AMX").
 CpuIsa cpu_isa();
 
 /// Chooses the kernels' instruction set, e.g. to compare them; throws

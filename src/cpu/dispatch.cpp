@@ -162,10 +162,7 @@ const Pin& pin() {
   return p;
 }
 
-// The level chosen, or -1 until the first call resolves it. The AMX kernel
-// runs only when asked for: it has run on the software tile model and its
-// instructions on an AMX CPU, but not yet whole on one (docs/kernels.md,
-// "bfloat16").
+// The level chosen, or -1 until the first call resolves it.
 std::atomic<int> chosen_isa{-1};
 
 }  // namespace
@@ -174,6 +171,15 @@ namespace cpu {
 
 CpuIsa isa_from_environment(const char* value) {
   if (value == nullptr || *value == '\0') {
+    // The widest: amx_bf16 where the CPU has AMX and Linux grants this
+    // process its tiles (asked here, once), except in a test build that
+    // models the tiles in software, which runs them only when asked for.
+#if defined(D2L_AMX_SOFTWARE_TILES)
+    constexpr bool amx_by_default = false;
+#else
+    constexpr bool amx_by_default = true;
+#endif
+    if (amx_by_default && runnable(CpuIsa::kAmxBf16)) return CpuIsa::kAmxBf16;
     for (const auto isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
       if (runnable(isa)) return isa;
     }
@@ -297,10 +303,18 @@ std::string amx_unused_reason() {
   if (amx_permission_asked.load(std::memory_order_acquire) && !amx_permission().granted) {
     return amx_permission().refusal;
   }
+#if defined(D2L_AMX_SOFTWARE_TILES)
   return fmt::format(
-      "the kernels' instruction set is {} (the AMX kernel runs when asked for: "
-      "D2L_CPU_ISA=amx_bf16 or d2l::set_cpu_isa(d2l::CpuIsa::kAmxBf16))",
+      "the kernels' instruction set is {} (this test build models the tiles in software and "
+      "runs them when asked for: D2L_CPU_ISA=amx_bf16 or "
+      "d2l::set_cpu_isa(d2l::CpuIsa::kAmxBf16))",
       to_string(cpu_isa()));
+#else
+  return fmt::format(
+      "the kernels' instruction set is {} (D2L_CPU_ISA or d2l::set_cpu_isa chose it; at "
+      "amx_bf16 the products run on the tiles)",
+      to_string(cpu_isa()));
+#endif
 #endif
 }
 
