@@ -9,7 +9,7 @@ threads:<N>`), takes the median of each case's rows and prints, per shape, threa
 pass, both medians, ours / torch (the issue's goal: at most 0.5), and our useful rate (the
 `useful_flop` counter: Q Kᵀ and P V over the pairs that take part, 3.5 times that forward and
 backward) with, given --peak (one core's float32 FMA peak in GFLOP/s, from
-../shared/tools/fma_peak.c), its fraction of the peak times the thread count. A header line says
+benchmarks/compute_peak.c), the float32 rows' fraction of the peak times the thread count. A header line says
 the host, the date, the load and the LibTorch. Standard library only.
 """
 
@@ -78,7 +78,10 @@ def main(args):
                     row = (f"| {shape} | {threads} | {dtype} | {pas} | {fmt_time(ours)} | "
                            f"{fmt_time(theirs)} | {ratio:.2f} | {rate_s} |")
                     if peak:
-                        row += f" {rate / (peak * threads):.2f} |" if rate else " — |"
+                        # float32 only: bfloat16 may run on a matrix engine, which no
+                        # register peak bounds.
+                        row += (f" {rate / (peak * threads):.2f} |" if rate and dtype == "f32"
+                                else " — |")
                     print(row)
     print()
     print("Largest ours / SDPA: " + ", ".join(
