@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "attention_weights.h"
@@ -24,6 +25,46 @@
 namespace d2l {
 namespace detail {
 
+#if D2L_HAS_SDPA
+torch::Tensor libtorch_sdpa(const torch::Tensor& query, const torch::Tensor& key,
+                            const torch::Tensor& value, const std::optional<torch::Tensor>& mask,
+                            double dropout, bool is_causal, std::optional<double> scale,
+                            bool enable_gqa) {
+#if !D2L_TORCH_VERSION_AT_LEAST(2, 5)
+  TORCH_INTERNAL_ASSERT(!enable_gqa, "enable_gqa needs LibTorch 2.5");
+#endif
+  const auto call = [&] {
+#if D2L_TORCH_VERSION_AT_LEAST(2, 5)
+    return at::scaled_dot_product_attention(query, key, value, mask, dropout, is_causal, scale,
+                                            enable_gqa);
+#else
+    return at::scaled_dot_product_attention(query, key, value, mask, dropout, is_causal, scale);
+#endif
+  };
+  const auto type = query.scalar_type();
+  if (!query.device().is_cpu() || (type != torch::kBFloat16 && type != torch::kHalf)) return call();
+  try {
+    return call();
+  } catch (const c10::Error& e) {
+    if (std::string(e.what_without_backtrace()).find("pack_vnni2") == std::string::npos) throw;
+  }
+  auto k = key, v = value;
+  if (enable_gqa && key.dim() >= 3 && query.size(-3) != key.size(-3)) {
+    k = key.repeat_interleave(query.size(-3) / key.size(-3), -3);
+    v = value.repeat_interleave(query.size(-3) / value.size(-3), -3);
+  }
+  // The math path adds its mask: a boolean one becomes 0 where a pair takes
+  // part and -inf elsewhere first, as at::scaled_dot_product_attention does.
+  auto additive = mask;
+  if (mask && mask->scalar_type() == torch::kBool) {
+    additive = torch::zeros(mask->sizes(), query.options())
+                   .masked_fill(mask->logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  return std::get<0>(
+      at::_scaled_dot_product_attention_math(query, k, v, additive, dropout, is_causal, {}, scale));
+}
+#endif
+
 namespace {
 
 #if D2L_HAS_SDPA
@@ -35,9 +76,8 @@ torch::Tensor sdpa_with_mask(const torch::Tensor& queries, const torch::Tensor& 
                              const torch::Tensor& no_valid_key, double dropout) {
   // An undefined tensor is not "no mask" to SDPA: it must be nullopt.
   const auto mask = attend.defined() ? std::optional<torch::Tensor>(attend) : std::nullopt;
-  auto out = at::scaled_dot_product_attention(queries.unsqueeze(1), keys.unsqueeze(1),
-                                              values.unsqueeze(1), mask, dropout,
-                                              /*is_causal=*/false)
+  auto out = libtorch_sdpa(queries.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), mask,
+                           dropout, /*is_causal=*/false, std::nullopt, /*enable_gqa=*/false)
                  .squeeze(1);
   return no_valid_key.defined() ? out.masked_fill(no_valid_key, 0) : out;
 }
@@ -225,8 +265,8 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(
     const torch::Tensor& queries, const torch::Tensor& keys, const torch::Tensor& values,
     const DotProductAttentionFuncOptions& options) {
   constexpr const char* fn = "d2l::dot_product_attention";
-  return detail::dot_product_attention(
-      fn, detail::checked_params(fn, queries, keys, values, options));
+  return detail::dot_product_attention(fn,
+                                       detail::checked_params(fn, queries, keys, values, options));
 }
 
 }  // namespace functional

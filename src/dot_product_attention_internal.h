@@ -8,6 +8,7 @@
 // cpu/dot_product_attention_kernel.cpp).
 
 #include <d2l/backend.h>
+#include <d2l/torch_version.h>
 #include <torch/types.h>
 
 #include <optional>
@@ -40,6 +41,18 @@ std::tuple<torch::Tensor, torch::Tensor> dot_product_attention(const char* fn,
 /// explain_path for dot-product attention after check_qkv and check_masks,
 /// with the same checks and errors as dot_product_attention.
 PathExplanation explain_dot_product_attention(const char* fn, const DotProductParams& params);
+
+#if D2L_HAS_SDPA
+/// at::scaled_dot_product_attention with these arguments (enable_gqa from
+/// LibTorch 2.5), or, where LibTorch's own CPU flash kernel refuses this
+/// CPU, its math path with the same ones: Debian's LibTorch 2.6 on CPUs with
+/// AMX throws "pack_vnni2 is only supported when avx512 is supported" for
+/// bfloat16 and float16 (its kernels are built without AVX-512).
+torch::Tensor libtorch_sdpa(const torch::Tensor& query, const torch::Tensor& key,
+                            const torch::Tensor& value, const std::optional<torch::Tensor>& mask,
+                            double dropout, bool is_causal, std::optional<double> scale,
+                            bool enable_gqa);
+#endif
 
 /// {softmax(scale · Q Kᵀ, masked by valid_lens) V, weights} by the flash CPU
 /// kernel (Note [Flash attention]). Without need_weights the weights are

@@ -339,7 +339,7 @@ torch::Tensor composite(const SdpaCall& c) {
 #if D2L_HAS_SDPA
 // LibTorch's own SDPA with the call's arguments; rows that see no key are
 // zeroed where LibTorch (before 2.5) leaves NaN there.
-torch::Tensor libtorch_sdpa(const SdpaCall& c) {
+torch::Tensor libtorch_sdpa_call(const SdpaCall& c) {
   auto k = c.key, v = c.value;
   auto mask = c.mask.defined() ? std::optional<torch::Tensor>(c.mask) : std::nullopt;
   bool is_causal = c.is_causal;
@@ -353,12 +353,10 @@ torch::Tensor libtorch_sdpa(const SdpaCall& c) {
   if (mask && c.diagonal < 0) {
     // Rows that see no key: zeros, whatever the CUDA kernel would give.
     const auto dead = mask->any(-1, /*keepdim=*/true).logical_not();
-    return at::scaled_dot_product_attention(c.query, k, v, mask->logical_or(dead), c.dropout, false,
-                                            c.scale, c.gqa)
+    return libtorch_sdpa(c.query, k, v, mask->logical_or(dead), c.dropout, false, c.scale, c.gqa)
         .masked_fill(dead, 0);
   }
-  return at::scaled_dot_product_attention(c.query, k, v, mask, c.dropout, is_causal, c.scale,
-                                          c.gqa);
+  return libtorch_sdpa(c.query, k, v, mask, c.dropout, is_causal, c.scale, c.gqa);
 #else
   if (c.gqa) {
     k = k.repeat_interleave(c.heads_q() / c.heads_k, -3);
@@ -372,7 +370,7 @@ torch::Tensor libtorch_sdpa(const SdpaCall& c) {
     mask =
         mask->scalar_type() == torch::kBool ? mask->logical_or(dead) : mask->masked_fill(dead, 0);
   }
-  auto out = at::scaled_dot_product_attention(c.query, k, v, mask, c.dropout, is_causal, c.scale);
+  auto out = libtorch_sdpa(c.query, k, v, mask, c.dropout, is_causal, c.scale, false);
   return dead.defined() ? out.masked_fill(dead, 0) : out;
 #endif
 }
@@ -382,7 +380,7 @@ torch::Tensor run(const SdpaCall& c, DotProductParams params, DotProductPath pat
   switch (path) {
     case DotProductPath::kSdpa:
 #if D2L_HAS_SDPA
-      return libtorch_sdpa(c);
+      return libtorch_sdpa_call(c);
 #else
       TORCH_INTERNAL_ASSERT(false, "kSdpa without LibTorch 2.1");
 #endif
