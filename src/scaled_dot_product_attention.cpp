@@ -9,7 +9,6 @@
 #include <d2l/torch_version.h>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstdint>
@@ -20,6 +19,7 @@
 
 #include "checks.h"
 #include "dot_product_attention_internal.h"
+#include "scaled_dot_product_attention_internal.h"
 #include "select.h"
 
 // Note [Python's SDPA]
@@ -49,151 +49,6 @@
 
 namespace d2l::detail {
 namespace {
-
-constexpr const char* kFn = "d2l::nn::functional::scaled_dot_product_attention";
-
-using Shape = std::vector<int64_t>;
-
-Shape leading(const torch::Tensor& t) { return {t.sizes().begin(), t.sizes().end() - 2}; }
-
-std::string shape_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
-// Python's broadcast of two shapes, or nullopt where they do not broadcast.
-std::optional<Shape> broadcast(const Shape& a, const Shape& b) {
-  Shape out(std::max(a.size(), b.size()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int64_t x = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
-    const int64_t y = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
-    if (x != y && x != 1 && y != 1) return std::nullopt;
-    out[i] = x == 1 ? y : x;
-  }
-  return out;
-}
-
-// A call's checked arguments and what they come to.
-struct SdpaCall {
-  torch::Tensor query, key, value, mask;
-  /// The output's leading dimensions (..., Hq), and the keys' and values'
-  /// heads after broadcasting (Hq without enable_gqa).
-  Shape batch;
-  int64_t heads_k = 1, heads_v = 1;
-  int64_t L = 0, S = 0, E = 0, Ev = 0;
-  bool gqa = false, is_causal = false;
-  /// The causal diagonal's offset: query i sees keys j <= i + diagonal (0,
-  /// or S - L for CausalVariant::kLowerRight).
-  int64_t diagonal = 0;
-  double scale = 1.0;
-  double dropout = 0.0;
-  AttentionBackend backend = AttentionBackend::kAuto;
-
-  int64_t entries() const {
-    int64_t n = 1;
-    for (auto s : batch) n *= s;
-    return n;
-  }
-  int64_t heads_q() const { return batch.empty() ? 1 : batch.back(); }
-};
-
-void check_mask(const SdpaCall& c) {
-  const auto& mask = c.mask;
-  check_strided_layout(kFn, "attn_mask", mask);
-  const auto type = mask.scalar_type();
-  TORCH_CHECK(
-      type == torch::kBool || type == torch::kFloat || type == c.query.scalar_type(),
-      fmt::format("{}: attn_mask must be boolean (true: the pair takes part), float32 or "
-                  "the query's dtype {}, got {} attn_mask {}",
-                  kFn, c10::toString(c.query.scalar_type()), c10::toString(type), shape_of(mask)));
-  check_same_device(kFn, "query", c.query, "attn_mask", mask);
-  Shape scores = c.batch;
-  scores.push_back(c.L);
-  scores.push_back(c.S);
-  const Shape given(mask.sizes().begin(), mask.sizes().end());
-  const auto joined = broadcast(given, scores);
-  TORCH_CHECK(joined && *joined == scores,
-              fmt::format("{}: attn_mask {} must broadcast to the scores' shape {} (the output's "
-                          "leading dimensions, L = {} queries, S = {} keys)",
-                          kFn, shape_of(mask), shape_string(scores), c.L, c.S));
-  if (type != torch::kBool && mask.numel() > 0) {
-    TORCH_CHECK(!torch::isnan(mask).any().item<bool>(),
-                fmt::format("{}: attn_mask {} holds NaN (use -inf to leave a pair out)", kFn,
-                            shape_of(mask)));
-    TORCH_CHECK(!torch::isposinf(mask).any().item<bool>(),
-                fmt::format("{}: attn_mask {} holds +inf, which makes the softmax NaN", kFn,
-                            shape_of(mask)));
-  }
-}
-
-SdpaCall check_call(const torch::Tensor& query, const torch::Tensor& key,
-                    const torch::Tensor& value,
-                    const nn::functional::ScaledDotProductAttentionFuncOptions& options) {
-  const std::pair<const char*, const torch::Tensor*> inputs[] = {
-      {"query", &query}, {"key", &key}, {"value", &value}};
-  for (const auto& [name, t] : inputs) {
-    TORCH_CHECK(t->defined(), fmt::format("{}: {} must be a defined tensor", kFn, name));
-    check_strided_layout(kFn, name, *t);
-    TORCH_CHECK(t->dim() >= 2, fmt::format("{}: {} must have at least 2 dimensions (..., L or S, "
-                                           "E), got {}",
-                                           kFn, name, shape_of(*t)));
-    TORCH_CHECK(at::isFloatingType(t->scalar_type()),
-                fmt::format("{}: {} must have a floating-point dtype, got {}", kFn, name,
-                            c10::toString(t->scalar_type())));
-  }
-  check_same_dtype(kFn, "query", query, "key", key);
-  check_same_dtype(kFn, "query", query, "value", value);
-  check_same_device(kFn, "query", query, "key", key);
-  check_same_device(kFn, "query", query, "value", value);
-  TORCH_CHECK(query.size(-1) == key.size(-1),
-              fmt::format("{}: query and key must have the same feature size E, got query {} and "
-                          "key {}",
-                          kFn, shape_of(query), shape_of(key)));
-  TORCH_CHECK(key.size(-2) == value.size(-2),
-              fmt::format("{}: key and value must have the same number of keys S, got key {} and "
-                          "value {}",
-                          kFn, shape_of(key), shape_of(value)));
-  const double p = options.dropout_p();
-  TORCH_CHECK(p >= 0 && p < 1, fmt::format("{}: dropout_p must be in [0, 1), got {}", kFn, p));
-  TORCH_CHECK(!options.scale() || std::isfinite(*options.scale()),
-              fmt::format("{}: scale must be finite, got {}", kFn, options.scale().value_or(0)));
-  TORCH_CHECK(!(options.is_causal() && options.attn_mask().defined()),
-              fmt::format("{}: is_causal and attn_mask are exclusive (as in Python), got "
-                          "is_causal with attn_mask {}",
-                          kFn, shape_of(options.attn_mask())));
-
-  SdpaCall c;
-  c.query = query, c.key = key, c.value = value, c.mask = options.attn_mask();
-  c.L = query.size(-2), c.S = key.size(-2), c.E = query.size(-1), c.Ev = value.size(-1);
-  c.is_causal = options.is_causal();
-  if (options.causal_variant() == nn::functional::CausalVariant::kLowerRight)
-    c.diagonal = c.S - c.L;
-  c.dropout = p;
-  c.backend = options.backend();
-  c.scale = options.scale().value_or(1.0 / std::sqrt(static_cast<double>(c.E)));
-  Shape q = leading(query), k = leading(key), v = leading(value);
-  if (options.enable_gqa() && !q.empty() && !k.empty() && !v.empty()) {
-    const int64_t hq = q.back(), hk = k.back(), hv = v.back();
-    TORCH_CHECK(hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0,
-                fmt::format("{}: with enable_gqa the query heads (dimension -3) must be a "
-                            "multiple of the key and value heads, got query {}, key {} and "
-                            "value {}",
-                            kFn, shape_of(query), shape_of(key), shape_of(value)));
-    c.gqa = hk != hq || hv != hq;
-    c.heads_k = hk, c.heads_v = hv;
-    k.back() = hq, v.back() = hq;  // broadcast the rest as if repeated
-  }
-  auto batch = broadcast(q, k);
-  if (batch) batch = broadcast(*batch, v);
-  TORCH_CHECK(batch.has_value(),
-              fmt::format("{}: the leading dimensions of query {}, key {} and value {} do not "
-                          "broadcast{}",
-                          kFn, shape_of(query), shape_of(key), shape_of(value),
-                          options.enable_gqa() ? ""
-                                               : " (fewer key/value heads than query heads need "
-                                                 "enable_gqa)"));
-  c.batch = std::move(*batch);
-  if (!c.gqa) c.heads_k = c.heads_v = c.heads_q();
-  if (c.mask.defined()) check_mask(c);
-  return c;
-}
 
 // The lengths (entries, L) of a mask that keeps a prefix of the keys in
 // every row, undefined where every row keeps every key; nullopt for any
@@ -231,15 +86,6 @@ std::optional<torch::Tensor> mask_as_lengths(const SdpaCall& c, std::string* why
   rows.push_back(c.L);
   return counts.expand(rows).reshape({B, c.L}).contiguous();
 }
-
-// The checked call as the flash kernels' (B, n, d) batches: grouped heads
-// folded into the queries (Note [Grouped heads as longer entries]), on the
-// CPU and outside LibTorch's own SDPA.
-struct Flattened {
-  torch::Tensor q, k, v;
-  ResolvedMask mask;
-  int64_t group = 1;
-};
 
 // The group size the kernels fold: the query heads per key/value head where
 // keys and values have the same heads, else 1 (both repeated to Hq).
@@ -416,8 +262,8 @@ torch::Tensor scaled_dot_product_attention(const torch::Tensor& query, const tor
   std::string why;
   auto params = params_of(call, &why);
   const bool log = logging_paths();
-  const auto selection = select_scaled_dot_product(kFn, params, log);
-  if (log) log_path(kFn, call.backend, to_string(selection.path), selection.reasons);
+  const auto selection = select_scaled_dot_product(kSdpaFn, params, log);
+  if (log) log_path(kSdpaFn, call.backend, to_string(selection.path), selection.reasons);
   return run(call, std::move(params), selection.path);
 }
 
@@ -430,8 +276,8 @@ PathExplanation explain_path(const torch::Tensor& query, const torch::Tensor& ke
   const auto call = check_call(query, key, value, options);
   std::string why;
   const auto params = params_of(call, &why);
-  auto selection = select_scaled_dot_product(kFn, params, /*explain=*/true);
-  return {kFn, call.backend, to_string(selection.path), std::move(selection.reasons)};
+  auto selection = select_scaled_dot_product(kSdpaFn, params, /*explain=*/true);
+  return {kSdpaFn, call.backend, to_string(selection.path), std::move(selection.reasons)};
 }
 
 }  // namespace d2l::nn

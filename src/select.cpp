@@ -136,7 +136,8 @@ DotProductPath flash_kernel(const DotProductParams& p, std::vector<std::string>*
       // On a CPU with AMX: why its tiles are not what the products run on.
       if (reasons != nullptr) {
         const std::string amx = cpu::amx_unused_reason();
-        if (!amx.empty()) refuse(reasons, {"flash_bf16_amx"}, amx + "; the products run in VDPBF16PS");
+        if (!amx.empty())
+          refuse(reasons, {"flash_bf16_amx"}, amx + "; the products run in VDPBF16PS");
       }
       return DotProductPath::kFlashBf16;
     }
@@ -234,27 +235,18 @@ Selection<DotProductPath> select_dot_product(const char* fn, const DotProductPar
 
 Selection<DotProductPath> select_scaled_dot_product(const char* fn, const DotProductParams& p,
                                                     bool explain) {
-  Selection<DotProductPath> selection{DotProductPath::kComposite, {}};
-  auto* reasons = explain ? &selection.reasons : nullptr;
-  const auto& queries = p.queries;
-  if (p.backend == AttentionBackend::kSdpa ||
-      (p.backend == AttentionBackend::kAuto && queries.is_cuda() && D2L_HAS_SDPA)) {
-    TORCH_CHECK(D2L_HAS_SDPA,
-                fmt::format("{}: AttentionBackend::kSdpa needs LibTorch 2.1 or newer "
-                            "(at::scaled_dot_product_attention); this build of d2l_attention "
-                            "uses LibTorch {}",
-                            fn, torch_version()));
-    selection.path = DotProductPath::kSdpa;
-    return selection;
+  if (p.backend == AttentionBackend::kAuto && p.queries.is_cuda() && D2L_HAS_SDPA) {
+    return {DotProductPath::kSdpa, {}};
   }
-  if (use_fused(fn, p.backend, queries.device()) && !p.mask.general_because.empty()) {
-    refuse(reasons, {"flash", "fused_softmax"},
+  // kSdpa asked: select_dot_product's check of LibTorch's version.
+  if (p.backend == AttentionBackend::kSdpa) return select_dot_product(fn, p, explain);
+  if (use_fused(fn, p.backend, p.queries.device()) && !p.mask.general_because.empty()) {
+    Selection<DotProductPath> selection{DotProductPath::kComposite, {}};
+    refuse(explain ? &selection.reasons : nullptr, {"flash", "fused_softmax"},
            p.mask.general_because + " (the composite path is Python's math path)");
     return selection;
   }
-  selection = select_dot_product(fn, p, explain);
-  if (selection.path == DotProductPath::kSdpa) selection.path = DotProductPath::kComposite;
-  return selection;
+  return select_dot_product(fn, p, explain);
 }
 
 const char* to_string(AdditivePath path) {
@@ -332,9 +324,8 @@ std::string why_not_small_heads(const MultiHeadParams& p) {
   if (p.mask.allowed.defined()) return p.mask.general_because + " (the kernels mask by lengths)";
   const auto type = queries.scalar_type();
   if (type != torch::kFloat && type != torch::kDouble && type != torch::kBFloat16) {
-    return fmt::format(
-        "dtype {} (the node runs in float, double, or bfloat16 with float heads)",
-        c10::toString(type));
+    return fmt::format("dtype {} (the node runs in float, double, or bfloat16 with float heads)",
+                       c10::toString(type));
   }
   const int64_t n = queries.size(1), m = p.keys.size(1), d = p.head_features;
   if (queries.size(0) == 0 || n == 0 || m == 0) return "a size is zero";
