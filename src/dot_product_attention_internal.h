@@ -54,6 +54,11 @@ torch::Tensor libtorch_sdpa(const torch::Tensor& query, const torch::Tensor& key
                             bool enable_gqa);
 #endif
 
+/// The keys each row keeps under bands (X, P, 2) of int64 (Note [Bands of
+/// keys]): (B, n, m) boolean, row b · n + i keeping first <= j < end of pair
+/// (b · n + i) % (X · P).
+torch::Tensor band_keep(const torch::Tensor& bands, int64_t B, int64_t n, int64_t m);
+
 /// {softmax(scale · Q Kᵀ, masked by valid_lens) V, weights} by the flash CPU
 /// kernel (Note [Flash attention]). Without need_weights the weights are
 /// undefined and no (B, n, m) tensor is made; with it they are the one.

@@ -4,6 +4,8 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
+
 #include "cpu/dot_product_attention_kernel.h"
 #include "cpu/kernel_args.h"
 #include "dot_product_attention_internal.h"
@@ -69,15 +71,23 @@ tensor_list composite_backward(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& lens, double scale,
                                const torch::Tensor& dout, const torch::Tensor& dweights,
                                torch::Tensor p = {}) {
+  const auto keep =
+      lens.dim() == 3 ? band_keep(lens, q.size(0), q.size(1), k.size(1)) : torch::Tensor();
   if (!p.defined()) {
-    const auto valid_lens = lens.numel() > 0 ? lens : torch::Tensor();
-    p = composite_masked_softmax(torch::bmm(q, k.transpose(1, 2)) * scale, valid_lens);
+    const auto scores = torch::bmm(q, k.transpose(1, 2)) * scale;
+    if (keep.defined()) {
+      p = composite_masked_softmax_where(scores, keep);
+    } else {
+      p = composite_masked_softmax(scores, lens.numel() > 0 ? lens : torch::Tensor());
+    }
   }
   const auto ds = scores_grad(p, v, dout, dweights, scale);
   // dQ = dS K: keys that no row of a batch entry sees are zeroed first, for
   // dS's zeros there would turn an inf stored in them into NaN.
   auto visible_k = k;
-  if (lens.numel() > 0) {
+  if (keep.defined()) {
+    visible_k = k.masked_fill(keep.any(1).logical_not().unsqueeze(-1), 0);
+  } else if (lens.numel() > 0) {
     const auto longest = lens.dim() == 2 ? std::get<0>(lens.max(1)) : lens;
     const auto hidden = torch::arange(k.size(1), lens.options()) >= longest.view({-1, 1});
     visible_k = k.masked_fill(hidden.unsqueeze(-1), 0);
@@ -210,6 +220,16 @@ struct FlashBf16Function : torch::autograd::Function<FlashBf16Function> {
 };
 
 }  // namespace
+
+torch::Tensor band_keep(const torch::Tensor& bands, int64_t B, int64_t n, int64_t m) {
+  const auto flat = bands.reshape({-1, 2});
+  const auto rows = flat.index_select(
+      0, torch::arange(B * n, bands.options()).remainder(std::max<int64_t>(flat.size(0), 1)));
+  const auto keys = torch::arange(m, bands.options()).unsqueeze(0);
+  return (keys >= rows.select(1, 0).unsqueeze(1))
+      .logical_and(keys < rows.select(1, 1).unsqueeze(1))
+      .view({B, n, m});
+}
 
 torch::Tensor flash_attention_bf16(const torch::Tensor& queries, const torch::Tensor& keys,
                                    const torch::Tensor& values, const torch::Tensor& valid_lens,

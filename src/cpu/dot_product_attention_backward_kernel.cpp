@@ -82,7 +82,8 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   const T* od = out.data_ptr<T>();
   const In* dod = dout.data_ptr<In>();
   const RowLengths row_lens = row_lengths(lens, s.n);
-  // Keys at or past a batch entry's longest length get no gradient.
+  // Keys at or past a batch entry's longest length get no gradient (nor,
+  // with bands, keys before every row's first: the tasks zero those).
   std::vector<int64_t> batch_longest(s.B);
   for (int64_t b = 0; b < s.B; ++b) batch_longest[b] = longest_length(row_lens, s, b, 0, s.n);
   // dQ in T: the output itself, or for bfloat16 a buffer rounded into it at
@@ -130,12 +131,13 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
   const bool deterministic = rows_path || at::globalContext().deterministicAlgorithms();
   const int64_t kb = key_block_size<T>(longest, 4);
   // Tasks: the key blocks of each batch entry below its longest length, at a
-  // cost of the rows and keys their query blocks visit.
+  // cost of the rows and keys their query blocks visit (each query block
+  // its span of keys, key_span).
   std::vector<int64_t> task_b, task_j0, costs;
   for (int64_t b = 0; b < s.B; ++b) {
-    std::vector<int64_t> block_longest;
+    std::vector<KeySpan> spans;
     for (int64_t i0 = 0; i0 < s.n; i0 += kQueryBlock) {
-      block_longest.push_back(longest_length(row_lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
+      spans.push_back(key_span(row_lens, s, b, i0, std::min(kQueryBlock, s.n - i0)));
     }
     for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
       // The key block's packing, and per visited (row, key) the
@@ -145,8 +147,9 @@ void backward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::
       // calling thread, and its forward+backward took as long on 2 threads
       // as on 1.
       int64_t cost = std::min(kb, batch_longest[b] - j0);
-      for (const int64_t block : block_longest) {
-        cost += (rows_path ? s.n : kQueryBlock) * std::clamp<int64_t>(block - j0, 0, kb);
+      for (const KeySpan& span : spans) {
+        const int64_t keys = std::min(span.end, j0 + kb) - std::max(span.first, j0);
+        cost += (rows_path ? s.n : kQueryBlock) * std::max<int64_t>(keys, 0);
       }
       cost = cost * macs_to_grain(s) * 5 / 2;
       task_b.push_back(b);

@@ -67,7 +67,9 @@ struct Bf16BackwardScratch {
   std::unique_ptr<Pair[]> dsk;      // dS in pairs of keys (kBf16QueryBlock × kbp / 2)
   std::unique_ptr<float[]> dkt, dvt;  // the key block's dKᵀ (d × kbp) and dVᵀ (dv × kbp)
   std::unique_ptr<float[]> rows;      // dK or dV a row per key (kb × max(d, dv))
-  int64_t len[kBf16QueryBlock];
+  int64_t first[kBf16QueryBlock], len[kBf16QueryBlock];  // first only with bands
+  int64_t entry = -1;          // the batch entry whose query blocks' spans are
+  std::vector<KeySpan> spans;  // these (key_span)
   float* dq_entry = nullptr;  // where the current task adds to dQ (n × ldq floats)
 
   explicit Bf16BackwardScratch(const Bf16BackwardArgs& a)
@@ -86,16 +88,22 @@ struct Bf16BackwardScratch {
 };
 
 // One row's P = exp(scale · S - lse) and dS = scale · P ∘ (dP - D), for 32
-// keys from j: exactly 0 past its `valid` keys, whatever S and dP hold there.
+// keys from j: exactly 0 past its `valid` keys and, with kBanded, before its
+// first `skip` keys (Note [Bands of keys]), whatever S and dP hold there.
 struct RowProbabilities {
   const float *s, *dp;
-  int64_t valid;
+  int64_t skip, valid;
   float lse, delta;
 
+  template <bool kBanded>
   void at(int64_t j, float scale, __m512 (&p)[2], __m512 (&ds)[2]) const {
     for (int h = 0; h < 2; ++h) {
       const int64_t r = std::clamp<int64_t>(valid - j - 16 * h, 0, 16);
-      const auto lanes = static_cast<__mmask16>((1u << r) - 1);
+      auto lanes = static_cast<__mmask16>((1u << r) - 1);
+      if constexpr (kBanded) {
+        const int64_t before = std::clamp<int64_t>(skip - j - 16 * h, 0, 16);
+        lanes &= static_cast<__mmask16>(~((1u << before) - 1));
+      }
       const __m512 x = _mm512_loadu_ps(s + j + 16 * h);
       p[h] = _mm512_maskz_mov_ps(
           lanes, exp_bf16(_mm512_fmsub_ps(x, _mm512_set1_ps(scale), _mm512_set1_ps(lse))));
@@ -105,29 +113,35 @@ struct RowProbabilities {
   }
 };
 
-// P and dS of a block's rows, from S (in p) and dP (in dp), `width` keys,
-// written as the products read them: both in pairs of queries (two rows
-// interleaved, the second 0 past `rows`) for dV and dK, and dS in pairs of
-// keys (each row's own) for dQ. Two rows at a time, nothing written back in
-// float.
+// P and dS of a block's rows, from S (in p) and dP (in dp), for keys [k0,
+// width) of the block (k0 and width whole tiles), written as the products
+// read them: both in pairs of queries (two rows interleaved, the second 0
+// past `rows`) for dV and dK, and dS in pairs of keys (each row's own) for
+// dQ. Two rows at a time, nothing written back in float.
+template <bool kBanded>
 void probabilities(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t row0, int64_t rows,
-                   int64_t j0, int64_t kc, int64_t width) {
+                   int64_t j0, int64_t kc, int64_t k0, int64_t width) {
   const int64_t kbp = w.kbp;
   const auto row = [&](int64_t r) {
-    return RowProbabilities{w.p.get() + r * kbp, w.dp.get() + r * kbp,
-                            std::clamp<int64_t>(w.len[r] - j0, 0, kc), a.lse[row0 + r],
+    const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
+    return RowProbabilities{w.p.get() + r * kbp,
+                            w.dp.get() + r * kbp,
+                            kBanded ? std::clamp<int64_t>(w.first[r] - j0, 0, valid) : 0,
+                            valid,
+                            a.lse[row0 + r],
                             a.delta[row0 + r]};
   };
   for (int64_t r = 0; r < rows; r += 2) {
     const RowProbabilities first = row(r);
     // A missing second row: no valid key, so zeros.
-    const RowProbabilities second = r + 1 < rows ? row(r + 1) : RowProbabilities{first.s, first.dp, 0, 0, 0};
+    const RowProbabilities second =
+        r + 1 < rows ? row(r + 1) : RowProbabilities{first.s, first.dp, 0, 0, 0, 0};
     Pair* pq = w.pq.get() + r / 2 * kbp;
     Pair* dsq = w.dsq.get() + r / 2 * kbp;
-    for (int64_t j = 0; j < width; j += 32) {
+    for (int64_t j = k0; j < width; j += 32) {
       __m512 p0[2], ds0[2], p1[2], ds1[2];
-      first.at(j, a.scale, p0, ds0);
-      second.at(j, a.scale, p1, ds1);
+      first.at<kBanded>(j, a.scale, p0, ds0);
+      second.at<kBanded>(j, a.scale, p1, ds1);
       for (int h = 0; h < 2; ++h) {
         _mm512_storeu_si512(pq + j + 16 * h, interleave_bf16(p0[h], p1[h]));
         _mm512_storeu_si512(dsq + j + 16 * h, interleave_bf16(ds0[h], ds1[h]));
@@ -141,25 +155,33 @@ void probabilities(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t ro
   }
 }
 
-// One query block's contribution to key block [j0, j0 + kc) of batch entry b.
-void backward_pair(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b, int64_t i0, int64_t rows,
-                   int64_t j0, int64_t kc) {
+// One query block's contribution to keys [j0 + k0, j0 + kc) of key block
+// [j0, j0 + kc) of batch entry b: k0, a whole number of tiles, skips the
+// tiles before the query block's earliest first key (0 without bands).
+void backward_pair(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b, int64_t i0,
+                   int64_t rows, int64_t j0, int64_t k0, int64_t kc) {
   const Dims& s = a.s;
   const int64_t kbp = w.kbp, tiles = div_up(kc, W), row0 = b * s.n + i0;
-  float *p = w.p.get(), *dp = w.dp.get();
-  gemm_bf16(rows, tiles, a.ldk, a.q + row0 * a.ldk, a.ldk, w.kt.get(), W, a.ldk * W, p, kbp, false);
-  gemm_bf16(rows, tiles, a.ldo, a.dout + row0 * a.ldo, a.ldo, w.vt.get(), W, a.ldo * W, dp, kbp,
-            false);
-  probabilities(a, w, row0, rows, j0, kc, tiles * W);
+  const int64_t t0 = k0 / W;
+  float *p = w.p.get() + k0, *dp = w.dp.get() + k0;
+  gemm_bf16(rows, tiles - t0, a.ldk, a.q + row0 * a.ldk, a.ldk, w.kt.get() + t0 * a.ldk * W, W,
+            a.ldk * W, p, kbp, false);
+  gemm_bf16(rows, tiles - t0, a.ldo, a.dout + row0 * a.ldo, a.ldo, w.vt.get() + t0 * a.ldo * W, W,
+            a.ldo * W, dp, kbp, false);
+  if (a.lens.banded()) {
+    probabilities<true>(a, w, row0, rows, j0, kc, k0, tiles * W);
+  } else {
+    probabilities<false>(a, w, row0, rows, j0, kc, k0, tiles * W);
+  }
   const int64_t rows2 = pairs_of(rows);
   // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS, over the block's pairs of queries.
-  gemm_bf16(s.dv, tiles, rows2, a.doq + b * s.dv * a.n2 + i0 / 2, a.n2, w.pq.get(), kbp, W,
-            w.dvt.get(), kbp, true);
-  gemm_bf16(s.d, tiles, rows2, a.qq + b * s.d * a.n2 + i0 / 2, a.n2, w.dsq.get(), kbp, W,
-            w.dkt.get(), kbp, true);
+  gemm_bf16(s.dv, tiles - t0, rows2, a.doq + b * s.dv * a.n2 + i0 / 2, a.n2, w.pq.get() + k0, kbp,
+            W, w.dvt.get() + k0, kbp, true);
+  gemm_bf16(s.d, tiles - t0, rows2, a.qq + b * s.d * a.n2 + i0 / 2, a.n2, w.dsq.get() + k0, kbp, W,
+            w.dkt.get() + k0, kbp, true);
   // dQ += dS K, in float, in the rows this run adds to.
-  gemm_bf16(rows, a.ldq / W, pairs_of(kc), w.dsk.get(), kbp / 2, w.kk.get(), a.ldq, W,
-            w.dq_entry + i0 * a.ldq, a.ldq, true);
+  gemm_bf16(rows, a.ldq / W, pairs_of(kc - k0), w.dsk.get() + k0 / 2, kbp / 2,
+            w.kk.get() + k0 / 2 * a.ldq, a.ldq, W, w.dq_entry + i0 * a.ldq, a.ldq, true);
 }
 
 // dK and dV of key block [j0, j0 + kc) of batch entry b, and its share of dQ.
@@ -176,12 +198,24 @@ void backward_block(const Bf16BackwardArgs& a, Bf16BackwardScratch& w, int64_t b
   std::fill_n(w.dkt.get(), s.d * w.kbp, 0.0f);
   std::fill_n(w.dvt.get(), s.dv * w.kbp, 0.0f);
   const int64_t blocks = div_up(s.n, kBf16QueryBlock);
+  if (w.entry != b) {
+    w.spans.resize(blocks);
+    for (int64_t qb = 0; qb < blocks; ++qb) {
+      const int64_t i0 = qb * kBf16QueryBlock;
+      w.spans[qb] = key_span(a.lens, s, b, i0, std::min(kBf16QueryBlock, s.n - i0));
+    }
+    w.entry = b;
+  }
+  // Only the query blocks whose keys reach the key block, from the tile of
+  // their earliest first key (Note [Bands of keys]).
   for (int64_t qb = 0; qb < blocks; ++qb) {
+    const KeySpan span = w.spans[qb];
+    if (span.end <= j0 || span.first >= j0 + kc) continue;
     const int64_t i0 = qb * kBf16QueryBlock;
     const int64_t rows = std::min(kBf16QueryBlock, s.n - i0);
-    const int64_t longest = block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len);
-    if (longest <= j0) continue;
-    backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
+    block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len, w.first);
+    const int64_t k0 = std::max<int64_t>(span.first - j0, 0) / W * W;
+    backward_pair(a, w, b, i0, rows, j0, k0, std::min(kc, span.end - j0));
   }
   // dKᵀ and dVᵀ back to a row per key, each rounded to bfloat16 once.
   const auto round_rows = [&](const float* xt, int64_t cols, BF16* out) {
@@ -255,14 +289,15 @@ void dot_product_attention_bf16_backward(const at::TensorBase& q, const at::Tens
   const int64_t kb = bf16_key_block(longest, 4);
   std::vector<int64_t> task_b, task_j0, costs;
   for (int64_t b = 0; b < s.B; ++b) {
-    std::vector<int64_t> block_longest;
+    std::vector<KeySpan> spans;
     for (int64_t i0 = 0; i0 < s.n; i0 += kBf16QueryBlock) {
-      block_longest.push_back(longest_length(row_lens, s, b, i0, std::min(kBf16QueryBlock, s.n - i0)));
+      spans.push_back(key_span(row_lens, s, b, i0, std::min(kBf16QueryBlock, s.n - i0)));
     }
     for (int64_t j0 = 0; j0 < batch_longest[b]; j0 += kb) {
       int64_t cost = std::min(kb, batch_longest[b] - j0);
-      for (const int64_t block : block_longest) {
-        cost += std::min(kBf16QueryBlock, s.n) * std::clamp<int64_t>(block - j0, 0, kb);
+      for (const KeySpan& span : spans) {
+        const int64_t keys = std::min(span.end, j0 + kb) - std::max(span.first, j0);
+        cost += std::min(kBf16QueryBlock, s.n) * std::max<int64_t>(keys, 0);
       }
       task_b.push_back(b);
       task_j0.push_back(j0);

@@ -59,9 +59,11 @@ struct Bf16ForwardScratch {
   std::unique_ptr<Pair[]> pt;   // Pᵀ in pairs of keys (kb / 2 × W)
   std::unique_ptr<float[]> ot;  // Oᵀ accumulated (dv × W)
   std::unique_ptr<Pair[]> ob;   // Oᵀ normalised, rounded, in pairs of features (dv / 2 × W)
-  alignas(64) float limit[W];   // per query: its valid keys in the key block
+  // Per query, its valid keys in the key block: [lower, limit), lower only
+  // with bands (Note [Bands of keys]).
+  alignas(64) float lower[W], limit[W];
   alignas(64) float row_max[W], row_sum[W];
-  int64_t len[W];
+  int64_t first[W], len[W];  // per query: its band (first only with bands)
 
   explicit Bf16ForwardScratch(const Bf16ForwardArgs& a)
       : qt(uninitialized_buffer<Pair>(a.ldk * W)),
@@ -74,8 +76,9 @@ struct Bf16ForwardScratch {
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc), the exponentials relative to each
 // query's running maximum, their sums, and Oᵀ += Vᵀ Pᵀ with Pᵀ rounded to
 // bfloat16 pairs of keys, Oᵀ rescaled where a maximum grew. The masking is
-// the float kernel's (attend_key_block): entries past a query's length are
-// -inf before the maximum and exactly 0 after the exponential.
+// the float kernel's (attend_key_block): entries past a query's length, or
+// before its first key, are -inf before the maximum and exactly 0 after the
+// exponential.
 void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t j0, int64_t kc,
                       bool all_valid) {
   constexpr int64_t S = V::size();
@@ -90,6 +93,22 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
     for (int64_t j = 0; j < kc; ++j) {
       max0 = _mm512_max_ps(max0, _mm512_loadu_ps(st + j * W));
       max1 = _mm512_max_ps(max1, _mm512_loadu_ps(st + j * W + S));
+    }
+  } else if (a.lens.banded()) {
+    const __m512 low0 = _mm512_loadu_ps(w.lower), low1 = _mm512_loadu_ps(w.lower + S);
+    const __m512 lim0 = _mm512_loadu_ps(w.limit), lim1 = _mm512_loadu_ps(w.limit + S);
+    for (int64_t j = 0; j < kc; ++j) {
+      const __m512 key = _mm512_set1_ps(static_cast<float>(j));
+      const __mmask16 in0 =
+          _mm512_cmp_ps_mask(key, lim0, _CMP_LT_OQ) & _mm512_cmp_ps_mask(key, low0, _CMP_GE_OQ);
+      const __mmask16 in1 =
+          _mm512_cmp_ps_mask(key, lim1, _CMP_LT_OQ) & _mm512_cmp_ps_mask(key, low1, _CMP_GE_OQ);
+      const __m512 x0 = _mm512_mask_loadu_ps(minus_inf, in0, st + j * W);
+      const __m512 x1 = _mm512_mask_loadu_ps(minus_inf, in1, st + j * W + S);
+      _mm512_storeu_ps(st + j * W, x0);
+      _mm512_storeu_ps(st + j * W + S, x1);
+      max0 = _mm512_max_ps(max0, x0);
+      max1 = _mm512_max_ps(max1, x1);
     }
   } else {
     const __m512 lim0 = _mm512_loadu_ps(w.limit), lim1 = _mm512_loadu_ps(w.limit + S);
@@ -148,18 +167,31 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
 // Query rows [i0, i0 + rows) of batch entry b, rows <= W.
 void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, int64_t i0, int64_t rows) {
   const Dims& s = a.s;
-  const int64_t longest = block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len);
+  const int64_t longest = block_lengths(a.lens, s.n, s.m, b, i0, rows, w.len, w.first);
   std::fill(w.len + rows, w.len + W, 0);
   const int64_t shortest = *std::min_element(w.len, w.len + rows);
+  // With bands the keys start at the block's earliest first key, made even
+  // (Vᵀ's pairs of keys start at even keys); every row sees [latest, shortest).
+  int64_t start = 0, latest = 0;
+  if (a.lens.banded()) {
+    std::fill(w.first + rows, w.first + W, 0);
+    start = key_span(a.lens, s, b, i0, rows).first / 2 * 2;
+    latest = *std::max_element(w.first, w.first + rows);
+  }
   transpose_pairs(a.q + (b * s.n + i0) * s.d, rows, s.d, W, w.qt.get());
   std::fill_n(w.ot.get(), s.dv * W, 0.0f);
   std::fill_n(w.row_max, W, -std::numeric_limits<float>::infinity());
   std::fill_n(w.row_sum, W, 0.0f);
-  for (int64_t j0 = 0; j0 < longest; j0 += a.kb) {
+  for (int64_t j0 = start; j0 < longest; j0 += a.kb) {
     const int64_t kc = std::min(a.kb, longest - j0);
-    const bool all_valid = rows == W && shortest - j0 >= kc;
+    const bool all_valid = rows == W && shortest - j0 >= kc && latest <= j0;
     for (int64_t c = 0; c < W; ++c) {
       w.limit[c] = static_cast<float>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
+    }
+    if (a.lens.banded()) {
+      for (int64_t c = 0; c < W; ++c) {
+        w.lower[c] = static_cast<float>(std::clamp<int64_t>(w.first[c] - j0, 0, kc));
+      }
     }
     attend_key_block(a, w, b, j0, kc, all_valid);
   }
@@ -230,15 +262,16 @@ void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::Tenso
   }
   const int64_t blocks = div_up(s.n, W);
   std::vector<int64_t> costs(s.B * blocks), batch_longest(s.B, 0);
+  // The widest span of keys a block visits: the longest length without bands.
+  int64_t widest = 0;
   for (int64_t t = 0; t < s.B * blocks; ++t) {
     const int64_t b = t / blocks, i0 = t % blocks * W;
     const int64_t rows = std::min(W, s.n - i0);
-    const int64_t longest = longest_length(row_lens, s, b, i0, rows);
-    batch_longest[b] = std::max(batch_longest[b], longest);
-    costs[t] = (rows * longest + W) * macs_to_grain(s);
+    const KeySpan span = key_span(row_lens, s, b, i0, rows);
+    batch_longest[b] = std::max(batch_longest[b], span.end);
+    widest = std::max(widest, span.end - span.first);
+    costs[t] = (rows * (span.end - span.first) + W) * macs_to_grain(s);
   }
-  const int64_t longest_any =
-      s.B == 0 ? 0 : *std::max_element(batch_longest.begin(), batch_longest.end());
   const int64_t ldk = pairs_of(s.d), m2 = pairs_of(s.m);
   const auto* kd = static_cast<const BF16*>(k.data_ptr());
   const auto* vd = static_cast<const BF16*>(v.data_ptr());
@@ -251,16 +284,16 @@ void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::Tenso
     }
   });
   const Bf16ForwardArgs args{s,
-                         static_cast<const BF16*>(q.data_ptr()),
-                         kp ? kp.get() : reinterpret_cast<const Pair*>(kd),
-                         ldk,
-                         vp.get(),
-                         m2,
-                         row_lens,
-                         static_cast<float>(scale),
-                         static_cast<BF16*>(out.data_ptr()),
-                         lse.data_ptr<float>(),
-                         bf16_key_block(longest_any, 2)};
+                             static_cast<const BF16*>(q.data_ptr()),
+                             kp ? kp.get() : reinterpret_cast<const Pair*>(kd),
+                             ldk,
+                             vp.get(),
+                             m2,
+                             row_lens,
+                             static_cast<float>(scale),
+                             static_cast<BF16*>(out.data_ptr()),
+                             lse.data_ptr<float>(),
+                             bf16_key_block(widest, 2)};
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     const TileScope tiles;
     std::optional<Bf16ForwardScratch> scratch;

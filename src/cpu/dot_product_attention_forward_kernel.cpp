@@ -37,9 +37,13 @@ struct ForwardScratch {
   std::unique_ptr<T[]> qt;  // Qᵀ of the block (d × W), zero past its rows
   std::unique_ptr<T[]> st;  // Sᵀ, then Pᵀ, of one key block (kb × W)
   std::unique_ptr<T[]> ot;  // Oᵀ accumulated (dv × W)
-  alignas(64) T limit[W];   // per query: its length, then its valid keys in the key block
+  // Per query, its valid keys in the key block: [lower, limit), lower only
+  // with bands (Note [Bands of keys]).
+  alignas(64) T lower[W], limit[W];
   alignas(64) T row_max[W], row_sum[W];
-  std::vector<int64_t> len;
+  std::vector<int64_t> first, len;  // per query: its band (first 0 without bands)
+  // The block's first visited key, where block_max's key blocks start.
+  int64_t start = 0;
   std::vector<T> block_max;  // with weights: each key block's maximum, per query
   // A bfloat16 call's: the thread's batch entry `entry`, its keys and values
   // up to its longest length widened to float (once for all its blocks of
@@ -51,6 +55,7 @@ struct ForwardScratch {
       : qt(uninitialized_buffer<T>(s.d * W)),
         st(uninitialized_buffer<T>(kb * W)),
         ot(uninitialized_buffer<T>(s.dv * W)),
+        first(W),
         len(W),
         block_max(W * key_blocks) {}
 };
@@ -80,12 +85,13 @@ std::pair<const T*, const T*> entry_keys_values(const ForwardArgs<T, In, Out>& a
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc) (Qᵀ already multiplied by scale ·
 // kLogBase, Note [Base-2 exponentials in the flash kernel]), their
 // exponentials Pᵀ relative to the running maximum of each query, the sums
-// and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled where a maximum grew. Entries of keys
-// past a query's length are -inf before the maximum and exactly 0 after the
-// exponential, whatever the padding held.
+// and Oᵀ += Vᵀ Pᵀ, with Oᵀ rescaled where a maximum grew (`first`: the
+// block's first visited key block, which writes Oᵀ). Entries of keys past a
+// query's length, or before its first key, are -inf before the maximum and
+// exactly 0 after the exponential, whatever the padding held.
 template <typename T, typename In, typename Out>
 void attend_key_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, const T* k,
-                      const T* v, int64_t j0, int64_t kc, bool all_valid) {
+                      const T* v, int64_t j0, int64_t kc, bool all_valid, bool first) {
   using V = Vectorized<T>;
   constexpr int64_t S = V::size(), W = ForwardScratch<T>::W;
   static_assert(W == 2 * S, "a block of queries is two vectors");
@@ -110,6 +116,19 @@ void attend_key_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, co
     }
     max0 = at::vec::maximum(max0, max2);
     max1 = at::vec::maximum(max1, max3);
+  } else if (a.lens.banded()) {
+    // Each query's keys [lower, limit) of the block, exact in T.
+    const V low0 = V::loadu(w.lower), low1 = V::loadu(w.lower + S);
+    const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
+    for (int64_t j = 0; j < kc; ++j) {
+      const V key(static_cast<T>(j));
+      const V x0 = V::blendv(minus_inf, V::loadu(st + j * W), (key < lim0) & (key >= low0));
+      const V x1 = V::blendv(minus_inf, V::loadu(st + j * W + S), (key < lim1) & (key >= low1));
+      x0.store(st + j * W);
+      x1.store(st + j * W + S);
+      max0 = at::vec::maximum(max0, x0);
+      max1 = at::vec::maximum(max1, x1);
+    }
   } else {
     // Keys valid for each query in this block: clamp(len - j0, 0, kc), exact in T.
     const V lim0 = V::loadu(w.limit), lim1 = V::loadu(w.limit + S);
@@ -150,7 +169,6 @@ void attend_key_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, co
   // Oᵀ += Vᵀ Pᵀ: V's rows read transposed, Pᵀ one tile of queries wide. The
   // first key block writes Oᵀ, which holds nothing yet to rescale.
   T* ot = w.ot.get();
-  const bool first = j0 == 0;
   if (!first) {
     for (int64_t c = 0; c < s.dv; ++c) {
       (V::loadu(ot + c * W) * corr0).store(ot + c * W);
@@ -163,7 +181,8 @@ void attend_key_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, co
 // With weights, a key block's exponentials go out as they are made, relative
 // to the query's maximum at the time; once its final maximum and sum are
 // known, each block is rescaled by exp(block max - max) / sum, and the keys
-// past its length are zeroed. The weights are the only (B, n, m) memory.
+// outside its band (before its first key, past its length) are zeroed. The
+// weights are the only (B, n, m) memory.
 template <typename T, typename In, typename Out>
 void write_weights(const ForwardArgs<T, In, Out>& a, const ForwardScratch<T>& w, int64_t b,
                    int64_t i0, int64_t rows, int64_t j0, int64_t kc) {
@@ -183,12 +202,17 @@ void finish_weights(const ForwardArgs<T, In, Out>& a, const ForwardScratch<T>& w
   const int64_t key_blocks = div_up(s.m, a.kb);
   for (int64_t c = 0; c < rows; ++c) {
     T* weights = a.weights + (b * s.n + i0 + c) * s.m;
-    const int64_t len = w.len[c];
-    for (int64_t j0 = 0; j0 < len; j0 += a.kb) {
+    const int64_t first = w.first[c], len = w.len[c];
+    // The visited key blocks begin at w.start, at or before the row's first key.
+    for (int64_t j0 = w.start; j0 < len; j0 += a.kb) {
+      const int64_t from = std::max(j0, first), to = std::min(j0 + a.kb, len);
+      if (from >= to) continue;
       const T factor =
-          FlashExp<T>::exp(w.block_max[c * key_blocks + j0 / a.kb] - w.row_max[c]) / w.row_sum[c];
-      scale_row(weights + j0, std::min(a.kb, len - j0), factor);
+          FlashExp<T>::exp(w.block_max[c * key_blocks + (j0 - w.start) / a.kb] - w.row_max[c]) /
+          w.row_sum[c];
+      scale_row(weights + from, to - from, factor);
     }
+    std::fill(weights, weights + first, T(0));
     std::fill(weights + len, weights + s.m, T(0));
   }
 }
@@ -199,12 +223,18 @@ void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64
                    int64_t rows) {
   constexpr int64_t W = ForwardScratch<T>::W;
   const Dims& s = a.s;
-  int64_t longest = 0, shortest = s.m;
+  // The block's keys run from its earliest first key to its longest length
+  // (key_span); every row sees keys [latest, shortest) of them.
+  int64_t longest = 0, shortest = s.m, earliest = s.m, latest = 0;
   for (int64_t c = 0; c < W; ++c) {
     w.len[c] = c < rows ? a.lens.at(b * s.n + i0 + c, s.m) : 0;
+    w.first[c] = c < rows ? a.lens.first(b * s.n + i0 + c) : 0;
     longest = std::max(longest, w.len[c]);
     if (c < rows) shortest = std::min(shortest, w.len[c]);
+    if (w.len[c] > 0) earliest = std::min(earliest, w.first[c]);
+    latest = std::max(latest, w.first[c]);
   }
+  w.start = longest == 0 ? 0 : earliest;
   if constexpr (std::is_same_v<In, T>) {
     pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
   } else {
@@ -220,19 +250,24 @@ void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64
   std::fill_n(w.row_max, W, -std::numeric_limits<T>::infinity());
   std::fill_n(w.row_sum, W, T(0));
   const int64_t key_blocks = div_up(s.m, a.kb);
-  for (int64_t j0 = 0; j0 < longest; j0 += a.kb) {
+  for (int64_t j0 = w.start; j0 < longest; j0 += a.kb) {
     const int64_t kc = std::min(a.kb, longest - j0);
     // Every query of the block sees every key of this one (rows past the
     // block's end have length 0, so a partial block always masks).
-    const bool all_valid = rows == W && shortest - j0 >= kc;
+    const bool all_valid = rows == W && shortest - j0 >= kc && latest <= j0;
     for (int64_t c = 0; c < W; ++c) {
       w.limit[c] = static_cast<T>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
     }
-    attend_key_block(a, w, k, v, j0, kc, all_valid);
+    if (a.lens.banded()) {
+      for (int64_t c = 0; c < W; ++c) {
+        w.lower[c] = static_cast<T>(std::clamp<int64_t>(w.first[c] - j0, 0, kc));
+      }
+    }
+    attend_key_block(a, w, k, v, j0, kc, all_valid, j0 == w.start);
     if (a.weights != nullptr) {
       write_weights(a, w, b, i0, rows, j0, kc);
       for (int64_t c = 0; c < rows; ++c) {
-        w.block_max[c * key_blocks + j0 / a.kb] = w.row_max[c];
+        w.block_max[c * key_blocks + (j0 - w.start) / a.kb] = w.row_max[c];
       }
     }
   }
@@ -276,15 +311,16 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   const RowLengths row_lens = row_lengths(lens, s.n);
   const int64_t blocks = div_up(s.n, W);
   std::vector<int64_t> costs(s.B * blocks);
-  int64_t longest_any = 0;
+  // The widest span of keys a block visits: the longest length without bands.
+  int64_t widest = 0;
   for (int64_t t = 0; t < s.B * blocks; ++t) {
     const int64_t b = t / blocks, i0 = t % blocks * W;
     const int64_t rows = std::min(W, s.n - i0);
-    const int64_t longest = longest_length(row_lens, s, b, i0, rows);
-    longest_any = std::max(longest_any, longest);
+    const KeySpan span = key_span(row_lens, s, b, i0, rows);
+    widest = std::max(widest, span.end - span.first);
     // Each visited key costs a row d + dv multiply-adds, and the block's
     // packing and output W rows (macs_to_grain).
-    costs[t] = (rows * longest + (by_rows<T>(rows) ? rows : W)) * macs_to_grain(s);
+    costs[t] = (rows * (span.end - span.first) + (by_rows<T>(rows) ? rows : W)) * macs_to_grain(s);
   }
   const ForwardArgs<T, In, Out> args{s,
                                      q.data_ptr<In>(),
@@ -295,8 +331,8 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
                                      out.data_ptr<Out>(),
                                      lse.data_ptr<T>(),
                                      weights.defined() ? weights.data_ptr<T>() : nullptr,
-                                     key_block_size<T>(longest_any, 2)};
-  const int64_t splits = key_splits<T>(s, s.B * blocks, longest_any, args.weights != nullptr);
+                                     key_block_size<T>(widest, 2)};
+  const int64_t splits = key_splits<T>(s, s.B * blocks, widest, args.weights != nullptr);
   if (splits > 1) return forward_split(args, splits);
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     std::optional<ForwardScratch<T>> scratch;

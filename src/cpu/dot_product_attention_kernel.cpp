@@ -61,6 +61,22 @@
 // (d = 64, say), the backward accumulates in its rows of dK, dV and dQ;
 // otherwise in per-thread scratch.
 
+// Note [Bands of keys]
+// Lengths of shape (X, P, 2) are bands: row r of the call (b · n + i) takes
+// pair r % (X · P), [first, end), and attends to keys first <= j < min(end,
+// m) (RowLengths in vec_helpers-inl.h). With first = 0 a band is a length;
+// with first > 0 it is a sliding window, an end-aligned causal row, or, with
+// every row of a packed batch in one entry, the keys of its own sequence
+// (scaled_dot_product_attention_varlen). The kernels visit, for a block of
+// rows, only the key blocks between the block's earliest first key and its
+// longest end (key_span), and mask the keys before each row's first as they
+// mask those past its length: so a window of w keys over n queries costs
+// n · w, not n², and the rows of one packed sequence never read another's
+// keys except where a block of rows spans two sequences. In the backward a
+// key block visits only the query blocks whose span reaches it. An empty
+// band is [0, 0) (normalised upstream), so a length of 0 still means "no
+// key" everywhere.
+
 namespace d2l::cpu {
 namespace CPU_CAPABILITY {
 

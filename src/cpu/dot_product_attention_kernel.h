@@ -13,22 +13,24 @@ namespace d2l::cpu {
 
 /// Shapes: q (B, n, d), k (B, m, d), v (B, m, dv), out and dout (B, n, dv),
 /// lse (B, n). Every tensor contiguous and of one dtype (float or double),
-/// except `lens`: int64, empty (every key valid), (B) or (B, n). Row i of
-/// batch entry b attends to its first L = min(lens, m) keys; keys past the
-/// longest length of a block of rows are never read (Note [Flash attention]).
+/// except `lens`: int64, empty (every key valid), (B), (B, n) or bands
+/// (X, P, 2). Row i of batch entry b attends to its first L = min(lens, m)
+/// keys, or with bands to keys [first, min(end, m)) of pair (b · n + i) %
+/// (X · P) (Note [Bands of keys]); keys outside a block of rows' span are
+/// never read (Note [Flash attention]).
 struct DotProductAttentionKernels {
   /// out = softmax(scale · q kᵀ, masked) v, never holding more than a block
   /// of scores; lse = log Σ exp(scale · q kᵀ) over the valid keys (the row's
   /// log-normaliser, -inf for a row with no valid key, whose output is 0).
   /// When `weights` is defined ((B, n, m), contiguous), the attention
-  /// weights are written there too: 0 past each row's length, and all 0 in
+  /// weights are written there too: 0 outside each row's keys, and all 0 in
   /// a row with no valid key.
   void (*forward)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                   const at::TensorBase& lens, double scale, const at::TensorBase& out,
                   const at::TensorBase& lse, const at::TensorBase& weights);
   /// Gradients of forward with respect to q, k and v from dout, recomputing
-  /// the scores block by block. dq, dk and dv are overwritten; keys past every
-  /// row's length get zeros.
+  /// the scores block by block. dq, dk and dv are overwritten; keys outside every
+  /// row's keys get zeros.
   void (*backward)(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, double scale, const at::TensorBase& out,
                    const at::TensorBase& dout, const at::TensorBase& lse, const at::TensorBase& dq,

@@ -220,9 +220,19 @@ inline void transpose_pair_matrix(const Pair* x, int64_t ldx, int64_t rows, int6
 
 /// The valid lengths of rows [i0, i0 + rows) of batch entry b (blocks never
 /// straddle two entries) into len[0:rows], and their maximum: with one
-/// length per entry, one look-up rather than a division per row.
+/// length per entry, one look-up rather than a division per row. With bands
+/// (Note [Bands of keys]) each row's first key goes into first[0:rows] too.
 inline int64_t block_lengths(const RowLengths& lens, int64_t n, int64_t m, int64_t b, int64_t i0,
-                             int64_t rows, int64_t* len) {
+                             int64_t rows, int64_t* len, int64_t* first) {
+  if (lens.banded()) {
+    int64_t longest = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      len[r] = lens.at(b * n + i0 + r, m);
+      first[r] = lens.first(b * n + i0 + r);
+      longest = std::max(longest, len[r]);
+    }
+    return longest;
+  }
   if (lens.data == nullptr || lens.rows_per_len > 1) {
     std::fill_n(len, rows, lens.at(b * n + i0, m));
     return rows > 0 ? len[0] : 0;

@@ -186,14 +186,16 @@ inline RowPartial<float> bf16_row_partial(const c10::BFloat16* q, const c10::BFl
   return r;
 }
 
-/// The forward of every row, row by row: out (bfloat16, B·n × dv) and lse.
+/// The forward of every row, row by row: out (bfloat16, B·n × dv) and lse;
+/// a row's keys are [first, length) (Note [Bands of keys]).
 inline void bf16_forward_rows(const c10::BFloat16* q, const c10::BFloat16* k,
                               const c10::BFloat16* v, const Dims& s, const RowLengths& lens,
                               float scale, c10::BFloat16* out, float* lse) {
   constexpr float kNone = -std::numeric_limits<float>::infinity();
   const int64_t rows = s.B * s.n;
+  const auto keys_of = [&](int64_t row) { return lens.at(row, s.m) - lens.first(row); };
   int64_t longest = 0;
-  for (int64_t row = 0; row < rows; ++row) longest = std::max(longest, lens.at(row, s.m));
+  for (int64_t row = 0; row < rows; ++row) longest = std::max(longest, keys_of(row));
   // Fewer rows than threads (one sequence's heads) split each row's keys, as
   // the float kernel's forward_split.
   const int64_t splits = rows == 0 ? 1 : key_splits<float>(s, rows, longest, false);
@@ -202,18 +204,18 @@ inline void bf16_forward_rows(const c10::BFloat16* q, const c10::BFloat16* k,
   std::vector<float> parts(splits > 1 ? rows * splits * slot : 0);
   std::vector<int64_t> costs(rows * splits);
   for (int64_t t = 0; t < rows * splits; ++t) {
-    costs[t] = (div_up(lens.at(t / splits, s.m), splits) + 1) * macs_to_grain(s);
+    costs[t] = (div_up(keys_of(t / splits), splits) + 1) * macs_to_grain(s);
   }
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     Bf16RowScratch w;
     std::vector<float> acc(splits > 1 ? 0 : s.dv);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row = t / splits, part = t % splits, b = row / s.n;
-      const int64_t L = lens.at(row, s.m);
+      const int64_t F = lens.first(row), L = keys_of(row);
       float* o = splits > 1 ? parts.data() + t * slot : acc.data();
       const RowPartial<float> r =
           bf16_row_partial(q + row * s.d, k + b * s.m * s.d, v + b * s.m * s.dv, s, scale,
-                           L * part / splits, L * (part + 1) / splits, w, o);
+                           F + L * part / splits, F + L * (part + 1) / splits, w, o);
       if (splits > 1) {
         o[s.dv] = r.mx;
         o[s.dv + 1] = r.sum;
@@ -274,10 +276,11 @@ struct Bf16RowsScratch {
 // dS = scale·P ∘ (dP - D) a vector of keys at a time (exactly 0 past its
 // valid keys); dV += P dO and dK += dS q in float rows of the block (the
 // first query that sees a key writes its rows, later ones add: the block
-// ends at the entry's longest length, so every key is seen), rounded to
-// bfloat16 once at the end; with one query a batch entry, straight into
-// bfloat16 instead (each row is written once). dQ's float row += dS K with dS in pairs of keys,
-// as the blocks' dQ.
+// ends at the entry's longest length, so every key is seen; with bands a
+// key may be seen by none, so the rows are zeroed first and every query
+// adds), rounded to bfloat16 once at the end; with one query a batch entry
+// and no bands, straight into bfloat16 instead (each row is written once).
+// dQ's float row += dS K with dS in pairs of keys, as the blocks' dQ.
 template <typename Args>
 void bf16_backward_rows(const Args& a, Bf16RowsScratch<Args>& w, int64_t b, int64_t j0,
                         int64_t kc) {
@@ -285,20 +288,28 @@ void bf16_backward_rows(const Args& a, Bf16RowsScratch<Args>& w, int64_t b, int6
   const c10::BFloat16* k = a.k + (b * s.m + j0) * s.d;
   const c10::BFloat16* v = a.v + (b * s.m + j0) * s.dv;
   float *p = w.p.get(), *ds = w.ds.get();
+  const bool direct = s.n == 1 && !a.lens.banded();
   int64_t written = 0;  // keys [0, written) of the block have their rows of dK and dV
+  if (a.lens.banded()) {
+    std::fill_n(w.dk.get(), kc * s.d, 0.0f);
+    std::fill_n(w.dv.get(), kc * s.dv, 0.0f);
+    written = kc;
+  }
   for (int64_t i = 0; i < s.n; ++i) {
     const int64_t row = b * s.n + i;
+    // The query's keys of the block: [lo, valid).
     const int64_t valid = std::clamp<int64_t>(a.lens.at(row, s.m) - j0, 0, kc);
-    if (valid == 0) continue;
+    const int64_t lo = std::clamp<int64_t>(a.lens.first(row) - j0, 0, valid);
+    if (lo == valid) continue;
     const c10::BFloat16* q = a.q_rows + row * s.d;
     const c10::BFloat16* dout = a.dout_rows + row * s.dv;
-    for (int64_t j = 0; j < valid; ++j) {
+    for (int64_t j = lo; j < valid; ++j) {
       p[j] = dot_pairs(q, k + j * s.d, s.d);
       ds[j] = dot_pairs(dout, v + j * s.dv, s.dv);
     }
     const __m512 scale = _mm512_set1_ps(a.scale), lse = _mm512_set1_ps(a.lse[row]);
     const __m512 delta = _mm512_set1_ps(a.delta[row]);
-    for (int64_t j = 0; j < valid; j += 16) {
+    for (int64_t j = lo; j < valid; j += 16) {
       const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(16, valid - j)) - 1);
       const __m512 e = _mm512_maskz_mov_ps(
           lanes, exp_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, p + j), scale, lse)));
@@ -310,8 +321,8 @@ void bf16_backward_rows(const Args& a, Bf16RowsScratch<Args>& w, int64_t b, int6
     widen_bf16(dout, s.dv, w.dof.get());
     const auto dk_row = [&](int64_t j) { return a.dk + (b * s.m + j0 + j) * s.d; };
     const auto dv_row = [&](int64_t j) { return a.dv + (b * s.m + j0 + j) * s.dv; };
-    for (int64_t j = 0; j < valid; ++j) {
-      if (s.n == 1) {
+    for (int64_t j = lo; j < valid; ++j) {
+      if (direct) {
         round_to_bf16(w.dof.get(), s.dv, dv_row(j), p[j]);
         round_to_bf16(w.qf.get(), s.d, dk_row(j), ds[j]);
       } else if (j >= written) {
@@ -322,12 +333,13 @@ void bf16_backward_rows(const Args& a, Bf16RowsScratch<Args>& w, int64_t b, int6
         axpy<true>(w.dk.get() + j * s.d, w.qf.get(), ds[j], s.d);
       }
     }
-    pairs_of_row(ds, valid, w.dsp.get());
+    pairs_of_row(ds + lo, valid - lo, w.dsp.get());
     const float add = 1.0f;
-    weighted_sum_pairs(w.dsp.get(), k, s.d, valid, s.d, w.dq_entry + i * a.ldq, &add);
+    weighted_sum_pairs(w.dsp.get(), k + lo * s.d, s.d, valid - lo, s.d, w.dq_entry + i * a.ldq,
+                       &add);
     written = std::max(written, valid);
   }
-  if (s.n == 1) return;
+  if (direct) return;
   for (int64_t j = 0; j < kc; ++j) {
     round_to_bf16(w.dk.get() + j * s.d, s.d, a.dk + (b * s.m + j0 + j) * s.d);
     round_to_bf16(w.dv.get() + j * s.dv, s.dv, a.dv + (b * s.m + j0 + j) * s.dv);

@@ -151,6 +151,26 @@ int64_t longest_length(const RowLengths& lens, const Dims& s, int64_t b, int64_t
   return longest;
 }
 
+// The keys rows [i0, i0 + rows) of batch entry b visit between them:
+// [first, end), from the earliest first key of a row that sees any (Note
+// [Bands of keys]) to the longest length; {0, 0} where no row sees a key.
+struct KeySpan {
+  int64_t first = 0, end = 0;
+};
+
+inline KeySpan key_span(const RowLengths& lens, const Dims& s, int64_t b, int64_t i0,
+                        int64_t rows) {
+  if (!lens.banded()) return {0, longest_length(lens, s, b, i0, rows)};
+  KeySpan span{s.m, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = b * s.n + i0 + r, end = lens.at(row, s.m);
+    if (end == 0) continue;
+    span.first = std::min(span.first, lens.first(row));
+    span.end = std::max(span.end, end);
+  }
+  return span.end == 0 ? KeySpan{} : span;
+}
+
 // --------------------------------------------- the arguments of each pass
 
 // In: the operands' type, T itself or bfloat16 (read in place by the rows,

@@ -37,7 +37,8 @@ struct BackwardScratch {
   int64_t entry = -1;
   const T *q_rows = nullptr, *do_rows = nullptr, *k_rows = nullptr;
   std::vector<T> queries, douts, keys;
-  std::vector<int64_t> len;
+  std::vector<int64_t> first, len;  // a query block's bands (first 0 without bands)
+  std::vector<KeySpan> spans;       // each query block's of batch entry `entry` (key_span)
   // Kᵀ and Vᵀ of the task's key block in panels (each key block belongs to
   // one task, so nothing is packed twice).
   std::unique_ptr<T[]> kp, vtp;
@@ -53,33 +54,45 @@ struct BackwardScratch {
         dv(in_place && ldv == s.dv ? 0 : kb * ldv),
         dq(ldq == s.d ? 0 : kQueryBlock * ldq),
         delta(kQueryBlock),
+        first(kQueryBlock),
         len(kQueryBlock),
         kp(uninitialized_buffer<T>(kb * s.d)),
         vtp(uninitialized_buffer<T>(kb * s.dv)) {}
 };
 
-// One query block's contribution to key block [j0, j0 + kc) of batch entry b.
+// One query block's contribution to keys [j0 + k0, j0 + kc) of key block
+// [j0, j0 + kc) of batch entry b: k0, a whole number of tiles, skips the
+// key block's tiles before the query block's earliest first key (Note
+// [Bands of keys]); 0 without bands.
 template <typename T, typename In>
 void backward_pair(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t b, int64_t i0,
-                   int64_t rows, int64_t j0, int64_t kc) {
+                   int64_t rows, int64_t j0, int64_t k0, int64_t kc) {
   constexpr int64_t W = kTileCols<T>;
   using V = Vectorized<T>;
   const Dims& s = a.s;
+  // From here on the pair's keys: [j0, j0 + kc) and each operand's and
+  // output's columns or rows of keys moved on by k0.
+  j0 += k0;
+  kc -= k0;
   const int64_t tiles = div_up(kc, W);
   const int64_t row0 = b * s.n + i0;
+  T *pp = w.p.data() + k0, *dpp = w.dp.data() + k0;
+  T *dk_rows = w.dk_rows + k0 * a.ldq, *dv_rows = w.dv_rows + k0 * a.ldv;
   // P and dP up to kc rounded to a vector: what exp_row and dS below read.
   const int64_t last_cols = kc - (tiles - 1) * W;
   const T* q_rows = w.q_rows + i0 * a.ldq;
   const T* do_rows = w.do_rows + i0 * a.ldv;
-  gemm<T>(rows, tiles, s.d, q_rows, a.ldq, w.kp.get(), W, s.d * W, w.p.data(), w.kb, false,
+  gemm<T>(rows, tiles, s.d, q_rows, a.ldq, w.kp.get() + k0 * s.d, W, s.d * W, pp, w.kb, false,
           last_cols);
-  gemm<T>(rows, tiles, s.dv, do_rows, a.ldv, w.vtp.get(), W, s.dv * W, w.dp.data(), w.kb, false,
+  gemm<T>(rows, tiles, s.dv, do_rows, a.ldv, w.vtp.get() + k0 * s.dv, W, s.dv * W, dpp, w.kb, false,
           last_cols);
   const V vscale(a.scale);
   for (int64_t r = 0; r < rows; ++r) {
-    T* p = w.p.data() + r * w.kb;
-    T* ds = w.dp.data() + r * w.kb;
+    T* p = pp + r * w.kb;
+    T* ds = dpp + r * w.kb;
     const int64_t valid = std::clamp<int64_t>(w.len[r] - j0, 0, kc);
+    // Keys before the row's first (bands only) are computed, then zeroed.
+    const int64_t skip = std::clamp<int64_t>(w.first[r] - j0, 0, valid);
     exp_row(p, valid, kc, a.lse[row0 + r] * FlashExp<T>::kLogBase);
     // dS = scale · P ∘ (dP - D) on the valid keys, D = rowsum(dO ∘ O), and
     // exactly 0 past them, where dP may hold anything that padding values
@@ -95,21 +108,25 @@ void backward_pair(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t 
       j += V::size();
     }
     if (j < kc) std::fill(ds + j, ds + kc, T(0));
+    if (skip > 0) {
+      std::fill_n(p, skip, T(0));
+      std::fill_n(ds, skip, T(0));
+    }
   }
   // dV += Pᵀ dO and dK += dSᵀ Q, reading P and dS transposed.
-  gemm<T, true>(kc, a.ldv / W, rows, w.p.data(), w.kb, do_rows, a.ldv, W, w.dv_rows, a.ldv, true);
-  gemm<T, true>(kc, a.ldq / W, rows, w.dp.data(), w.kb, q_rows, a.ldq, W, w.dk_rows, a.ldq, true);
+  gemm<T, true>(kc, a.ldv / W, rows, pp, w.kb, do_rows, a.ldv, W, dv_rows, a.ldv, true);
+  gemm<T, true>(kc, a.ldq / W, rows, dpp, w.kb, q_rows, a.ldq, W, dk_rows, a.ldq, true);
   // dQ += dS K into the query block's rows under their lock: no per-thread
   // copy of dQ (nor a share of it, where its rows are whole tiles).
-  const T* kpad = w.k_rows;
+  const T* kpad = w.k_rows + k0 * a.ldq;
   T* dq_rows = w.target.rows(a, b) + i0 * s.d;
   const int64_t slot = b * div_up(s.n, kQueryBlock) + i0 / kQueryBlock;
   if (w.dq.empty()) {
     const auto guard = dq_lock(a, slot);
-    gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, kpad, a.ldq, W, dq_rows, s.d, true);
+    gemm<T>(rows, a.ldq / W, kc, dpp, w.kb, kpad, a.ldq, W, dq_rows, s.d, true);
     return;
   }
-  gemm<T>(rows, a.ldq / W, kc, w.dp.data(), w.kb, kpad, a.ldq, W, w.dq.data(), a.ldq, false);
+  gemm<T>(rows, a.ldq / W, kc, dpp, w.kb, kpad, a.ldq, W, w.dq.data(), a.ldq, false);
   const auto guard = dq_lock(a, slot);
   for (int64_t r = 0; r < rows; ++r) {
     T* dq = dq_rows + r * s.d;
@@ -125,9 +142,15 @@ template <typename T, typename In>
 void backward_block(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t b, int64_t j0,
                     int64_t kc) {
   const Dims& s = a.s;
+  const int64_t blocks = div_up(s.n, kQueryBlock);
   if (w.entry != b) {
     w.q_rows = padded_rows(a.q + b * s.n * s.d, s.n, s.d, a.ldq, w.queries);
     w.do_rows = padded_rows(a.dout + b * s.n * s.dv, s.n, s.dv, a.ldv, w.douts);
+    w.spans.resize(blocks);
+    for (int64_t q = 0; q < blocks; ++q) {
+      const int64_t i0 = q * kQueryBlock;
+      w.spans[q] = key_span(a.lens, s, b, i0, std::min(kQueryBlock, s.n - i0));
+    }
     w.entry = b;
   }
   w.k_rows = padded_rows(a.k + (b * s.m + j0) * s.d, kc, s.d, a.ldq, w.keys);
@@ -152,20 +175,22 @@ void backward_block(const BackwardArgs<T, In>& a, BackwardScratch<T>& w, int64_t
   }
   std::fill_n(w.dk_rows, kc * a.ldq, T(0));
   std::fill_n(w.dv_rows, kc * a.ldv, T(0));
-  const int64_t blocks = div_up(s.n, kQueryBlock);
+  // Only the query blocks whose keys reach the key block: with bands, a
+  // key block of a sliding window meets a few of them, not all.
   for (int64_t q = 0; q < blocks; ++q) {
-    const int64_t i0 = (j0 / w.kb + q) % blocks * kQueryBlock;
+    const int64_t qb = (j0 / w.kb + q) % blocks, i0 = qb * kQueryBlock;
     const int64_t rows = std::min(kQueryBlock, s.n - i0);
-    int64_t longest = 0;
+    const KeySpan span = w.spans[qb];
+    if (span.end <= j0 || span.first >= j0 + kc) continue;
     for (int64_t r = 0; r < rows; ++r) {
       w.len[r] = a.lens.at(b * s.n + i0 + r, s.m);
-      longest = std::max(longest, w.len[r]);
+      w.first[r] = a.lens.first(b * s.n + i0 + r);
     }
-    if (longest <= j0) continue;
     for (int64_t r = 0; r < rows; ++r) {
       w.delta[r] = dot(w.do_rows + (i0 + r) * a.ldv, a.out + (b * s.n + i0 + r) * s.dv, s.dv);
     }
-    backward_pair(a, w, b, i0, rows, j0, std::min(kc, longest - j0));
+    const int64_t k0 = std::max<int64_t>(span.first - j0, 0) / kTileCols<T> * kTileCols<T>;
+    backward_pair(a, w, b, i0, rows, j0, k0, std::min(kc, span.end - j0));
   }
   for (int64_t j = 0; j < kc; ++j) {
     if (!w.dk.empty()) narrow(w.dk.data() + j * a.ldq, s.d, a.dk + (b * s.m + j0 + j) * s.d);

@@ -182,11 +182,12 @@ RowPartial<T> row_partial(const ForwardArgs<T, In, Out>& a, RowScratch<T>& w, co
 }
 
 // Query row i of batch entry b (operands of type In, output of type Out;
-// weights only where both are T).
+// weights only where both are T), over its keys [F, L) (F = 0 without
+// bands): nothing is computed for the keys outside them.
 template <typename T, typename In, typename Out>
 void forward_row(const ForwardArgs<T, In, Out>& a, RowScratch<T>& w, int64_t b, int64_t i) {
   const Dims& s = a.s;
-  const int64_t row = b * s.n + i, L = a.lens.at(row, s.m);
+  const int64_t row = b * s.n + i, L = a.lens.at(row, s.m), F = a.lens.first(row);
   T* out = output_row(a.out + row * s.dv, s.dv, w.out);
   T* weights = a.weights != nullptr ? a.weights + row * s.m : nullptr;
   if (L == 0) {
@@ -197,8 +198,8 @@ void forward_row(const ForwardArgs<T, In, Out>& a, RowScratch<T>& w, int64_t b, 
   }
   const T* q = widened_row(a.q + row * s.d, s.d, w.query);
   const In* k = a.k + b * s.m * s.d;
-  if (weights == nullptr && L > kRowChunk) {
-    const RowPartial<T> r = row_partial(a, w, q, k, a.v + b * s.m * s.dv, 0, L, out);
+  if (weights == nullptr && L - F > kRowChunk) {
+    const RowPartial<T> r = row_partial(a, w, q, k, a.v + b * s.m * s.dv, F, L, out);
     scale_row(out, s.dv, T(1) / r.sum);
     store_row(out, a.out + row * s.dv, s.dv);
     a.lse[row] = FlashExp<T>::lse(shift_for(r.mx), r.sum);
@@ -206,18 +207,20 @@ void forward_row(const ForwardArgs<T, In, Out>& a, RowScratch<T>& w, int64_t b, 
   }
   T* sc = w.scores.get();
   const T scale = a.scale * FlashExp<T>::kLogBase;
-  for (int64_t j = 0; j < L; ++j) sc[j] = scale * dot(q, k + j * s.d, s.d);
-  const T mx = row_max(sc, L, w.room);
+  const int64_t count = L - F;
+  for (int64_t j = 0; j < count; ++j) sc[j] = scale * dot(q, k + (F + j) * s.d, s.d);
+  const T mx = row_max(sc, count, w.room);
   // A maximum of -inf (every score -inf) gives NaN here as it does in the
   // blocks and the composite path: such keys hold infinities.
-  const T sum = exp_row(sc, L, L, mx);
+  const T sum = exp_row(sc, count, count, mx);
   const T inv = T(1) / sum;
   a.lse[row] = FlashExp<T>::lse(mx, sum);
-  weighted_sum(sc, a.v + b * s.m * s.dv, s.dv, L, out, inv);
+  weighted_sum(sc, a.v + (b * s.m + F) * s.dv, s.dv, count, out, inv);
   store_row(out, a.out + row * s.dv, s.dv);
   if (weights != nullptr) {
-    std::copy_n(sc, L, weights);
-    scale_row(weights, L, inv);
+    std::fill(weights, weights + F, T(0));
+    std::copy_n(sc, count, weights + F);
+    scale_row(weights + F, count, inv);
     std::fill(weights + L, weights + s.m, T(0));
   }
 }
@@ -238,7 +241,7 @@ bool by_rows(int64_t rows) {
 // row_partial into its own slot of dv + 2 values (out, maximum, sum), then
 // one pass per row combines them, each part's output and sum rescaled by
 // e^(its shift - the row's shift). Without it, B·H = 1 ran on one thread
-// whatever the pool.
+// whatever the pool. `longest`: the most keys a row sees (its band's width).
 template <typename T>
 int64_t key_splits(const Dims& s, int64_t tasks, int64_t longest, bool weights) {
   const int64_t threads = at::get_num_threads();
@@ -253,17 +256,20 @@ void forward_split(const ForwardArgs<T, In, Out>& a, int64_t splits) {
   std::vector<T> parts(rows * splits * slot);
   std::vector<int64_t> costs(rows * splits);
   for (int64_t t = 0; t < rows * splits; ++t) {
-    costs[t] = (div_up(a.lens.at(t / splits, s.m), splits) + 1) * macs_to_grain(s);
+    const int64_t row = t / splits;
+    const int64_t keys = a.lens.at(row, s.m) - a.lens.first(row);
+    costs[t] = (div_up(keys, splits) + 1) * macs_to_grain(s);
   }
   parallel_runs(costs, [&](int64_t t0, int64_t t1) {
     RowScratch<T> w(s, false);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row = t / splits, part = t % splits, b = row / s.n;
-      const int64_t L = a.lens.at(row, s.m);
+      // Part `part` of the row's keys [F, L).
+      const int64_t F = a.lens.first(row), keys = a.lens.at(row, s.m) - F;
       T* out = parts.data() + t * slot;
-      const RowPartial<T> r =
-          row_partial(a, w, widened_row(a.q + row * s.d, s.d, w.query), a.k + b * s.m * s.d,
-                      a.v + b * s.m * s.dv, L * part / splits, L * (part + 1) / splits, out);
+      const RowPartial<T> r = row_partial(
+          a, w, widened_row(a.q + row * s.d, s.d, w.query), a.k + b * s.m * s.d,
+          a.v + b * s.m * s.dv, F + keys * part / splits, F + keys * (part + 1) / splits, out);
       out[s.dv] = r.mx;
       out[s.dv + 1] = r.sum;
     }

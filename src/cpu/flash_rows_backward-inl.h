@@ -50,9 +50,10 @@ struct RowsScratch {
 // batch entry's lock at the end. The block ends at the batch entry's
 // longest length, so every key of it is seen: the first query that sees a
 // key writes its rows of dK and dV and later ones add to them (no zero-fill
-// pass first); bfloat16 rows are made in T and rounded once the block is
-// done. Lanes past a query's valid keys hold stale values and are
-// never read.
+// pass first); with bands (Note [Bands of keys]) a key of the block may be
+// seen by no query, so the block's rows are zeroed first and every query
+// adds. bfloat16 rows are made in T and rounded once the block is done.
+// Lanes past a query's valid keys hold stale values and are never read.
 template <typename T, typename In>
 void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, int64_t j0,
                    int64_t kc) {
@@ -76,15 +77,22 @@ void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, i
   const In* v = a.v + (b * s.m + j0) * s.dv;
   const V vscale(a.scale), vscale_base(a.scale * FlashExp<T>::kLogBase);
   int64_t written = 0;  // keys [0, written) of the block have their rows of dK and dV
+  if (a.lens.banded()) {
+    std::fill_n(dk, kc * s.d, T(0));
+    std::fill_n(dv, kc * s.dv, T(0));
+    written = kc;
+  }
   for (int64_t i = 0; i < s.n; ++i) {
+    // The query's keys of the block: [lo, valid).
     const int64_t valid = std::clamp<int64_t>(a.lens.at(row0 + i, s.m) - j0, 0, kc);
-    if (valid == 0) continue;
+    const int64_t lo = std::clamp<int64_t>(a.lens.first(row0 + i) - j0, 0, valid);
+    if (lo == valid) continue;
     const T* q = widened_row(a.q + (row0 + i) * s.d, s.d, w.query);
     const T* dout = widened_row(a.dout + (row0 + i) * s.dv, s.dv, w.dout);
     T* dq_share = w.dq_shares.data() + i * s.d;
     const V lse(a.lse[row0 + i] * FlashExp<T>::kLogBase),
         delta(dot(dout, a.out + (row0 + i) * s.dv, s.dv));
-    for (int64_t g = 0; g < valid; g += S) {
+    for (int64_t g = lo; g < valid; g += S) {
       const int64_t r = std::min(S, valid - g);
       for (int64_t j = 0; j < r; ++j) {
         p[j] = dot(q, k + (g + j) * s.d, s.d);
@@ -114,7 +122,7 @@ void backward_rows(const BackwardArgs<T, In>& a, RowsScratch<T>& w, int64_t b, i
   T* dq = w.target.rows(a, b);
   const auto guard = dq_lock(a, b);
   for (int64_t i = 0; i < s.n; ++i) {
-    if (a.lens.at(row0 + i, s.m) > j0) {
+    if (a.lens.at(row0 + i, s.m) > j0 && a.lens.first(row0 + i) < j0 + kc) {
       axpy<true>(dq + i * s.d, w.dq_shares.data() + i * s.d, T(1), s.d);
     }
   }

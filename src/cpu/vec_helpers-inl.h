@@ -22,22 +22,31 @@ namespace {
 
 using at::vec::Vectorized;
 
-/// Valid length of each row of a (rows, m) problem: min(data[row / rows_per_len], m),
-/// or m when there are no lengths. Lengths were checked non-negative upstream.
+/// The keys row `row` of a (rows, m) problem attends to: [first(row), at(row, m)).
+/// Lengths (period 0): [0, min(data[row / rows_per_len], m)), all m without
+/// data. Bands (Note [Bands of keys]): pair p = row % period, [data[2p],
+/// min(data[2p + 1], m)), never empty but as [0, 0) (checked upstream).
 struct RowLengths {
   const int64_t* data = nullptr;
   int64_t rows_per_len = 1;
+  int64_t period = 0;
 
   int64_t at(int64_t row, int64_t m) const {
-    return data == nullptr ? m : std::min(data[row / rows_per_len], m);
+    if (data == nullptr) return m;
+    if (period == 0) return std::min(data[row / rows_per_len], m);
+    return std::min(data[2 * (row % period) + 1], m);
   }
+  int64_t first(int64_t row) const { return period == 0 ? 0 : data[2 * (row % period)]; }
+  bool banded() const { return period != 0; }
 };
 
-/// Per-row view of int64 lengths (empty: no lengths; (B): one per batch entry;
-/// (B, n): one per query) for rows of `queries` queries each.
+/// Per-row view of int64 lengths for rows of `queries` queries each: empty,
+/// (B), (B, n), or bands (X, P, 2): row b · n + i takes pair (b · n + i) %
+/// (X · P), so (1, P, 2) is shared by entries whose rows repeat every P.
 inline RowLengths row_lengths(const at::TensorBase& lens, int64_t queries) {
   if (lens.numel() == 0) return {};
-  return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1};
+  if (lens.dim() == 3) return {lens.data_ptr<int64_t>(), 1, lens.size(0) * lens.size(1)};
+  return {lens.data_ptr<int64_t>(), lens.dim() == 1 ? queries : 1, 0};
 }
 
 // The first r <= size() lanes of a vector at p, zero past them, and their
