@@ -87,6 +87,23 @@ std::optional<torch::Tensor> mask_as_lengths(const SdpaCall& c, std::string* why
   return counts.expand(rows).reshape({B, c.L}).contiguous();
 }
 
+// The bands (Note [Bands of keys]) of a call with a window: (1, L, 2), every
+// entry alike, or (entries, L, 2) where a prefix mask shortens them per
+// entry; nullopt where the mask is no prefix (the composite path applies it).
+std::optional<torch::Tensor> window_as_bands(const SdpaCall& c, std::string* why) {
+  auto bands = window_bands(c);
+  if (c.is_causal || !c.mask.defined()) return bands;
+  SdpaCall unwindowed = c;
+  unwindowed.window_left = unwindowed.window_right = std::nullopt;
+  const auto lens = mask_as_lengths(unwindowed, why);
+  if (!lens) return std::nullopt;
+  if (!lens->defined()) return bands;
+  const auto first = bands.select(2, 0).expand({c.entries(), c.L});
+  const auto end = torch::minimum(bands.select(2, 1).expand({c.entries(), c.L}), *lens);
+  const auto empty = first >= end;
+  return torch::stack({first.masked_fill(empty, 0), end.masked_fill(empty, 0)}, -1).contiguous();
+}
+
 // The group size the kernels fold: the query heads per key/value head where
 // keys and values have the same heads, else 1 (both repeated to Hq).
 int64_t fold_group(const SdpaCall& c) {
@@ -118,9 +135,12 @@ DotProductParams params_of(const SdpaCall& c, std::string* why) {
       mask.general_because = "E = 0 (every score is 0: uniform weights)";
     } else if (c.entries() == 0 || c.L == 0 || c.S == 0) {
       mask.general_because = "a size is zero";
-    } else if (auto lens = mask_as_lengths(c, why)) {
+    } else if (c.windowed() && c.dropout > 0) {
+      mask.general_because =
+          "dropout with a sliding window (the fused softmax that draws it masks by lengths)";
+    } else if (auto lens = c.windowed() ? window_as_bands(c, why) : mask_as_lengths(c, why)) {
       mask.lens = std::move(*lens);
-      if (mask.lens.defined()) {
+      if (mask.lens.dim() == 2) {
         mask.range = LengthRange{static_cast<double>(mask.lens.min().item<int64_t>()),
                                  static_cast<double>(mask.lens.max().item<int64_t>()),
                                  {}};
@@ -173,6 +193,7 @@ torch::Tensor composite(const SdpaCall& c) {
                  ? scores.masked_fill(c.mask.logical_not(), neginf)
                  : scores + compute(c.mask).to(scores.scalar_type());
   }
+  if (c.windowed()) scores = scores.masked_fill(window_keep(c).logical_not(), neginf);
   // A row of -inf scores gets zero weights and no NaN in its gradient: its
   // scores are made finite before the softmax and its weights zeroed after.
   const auto dead = (scores == neginf).all(-1, /*keepdim=*/true);
@@ -189,17 +210,33 @@ torch::Tensor libtorch_sdpa_call(const SdpaCall& c) {
   auto k = c.key, v = c.value;
   auto mask = c.mask.defined() ? std::optional<torch::Tensor>(c.mask) : std::nullopt;
   bool is_causal = c.is_causal;
-  if (is_causal && c.diagonal != 0) {
+  if (c.windowed()) {
+    // LibTorch has no window: the causal mask and the window as a boolean
+    // mask, joined with the caller's.
+    const auto keep = window_keep(c);
+    if (!mask) {
+      mask = keep;
+    } else {
+      mask = mask->scalar_type() == torch::kBool
+                 ? mask->logical_and(keep)
+                 : mask->masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+    }
+    is_causal = false;
+  } else if (is_causal && c.diagonal != 0) {
     // LibTorch's is_causal is the upper-left variant: the lower right one is
     // a boolean mask, as Python's causal_lower_right materialises it.
     mask = torch::ones({c.L, c.S}, c.query.options().dtype(torch::kBool)).tril(c.diagonal);
     is_causal = false;
   }
 #if D2L_TORCH_VERSION_AT_LEAST(2, 5)
-  if (mask && c.diagonal < 0) {
-    // Rows that see no key: zeros, whatever the CUDA kernel would give.
-    const auto dead = mask->any(-1, /*keepdim=*/true).logical_not();
-    return libtorch_sdpa(c.query, k, v, mask->logical_or(dead), c.dropout, false, c.scale, c.gqa)
+  if (mask && (c.diagonal < 0 || c.windowed())) {
+    // Rows that see no key under a mask made here: zeros, whatever the
+    // CUDA kernel would give.
+    const bool keeps = mask->scalar_type() == torch::kBool;
+    const auto dead = keeps ? mask->any(-1, /*keepdim=*/true).logical_not()
+                            : torch::isneginf(*mask).all(-1, /*keepdim=*/true);
+    const auto alive = keeps ? mask->logical_or(dead) : mask->masked_fill(dead, 0);
+    return libtorch_sdpa(c.query, k, v, alive, c.dropout, false, c.scale, c.gqa)
         .masked_fill(dead, 0);
   }
   return libtorch_sdpa(c.query, k, v, mask, c.dropout, is_causal, c.scale, c.gqa);
@@ -240,7 +277,11 @@ torch::Tensor run(const SdpaCall& c, DotProductParams params, DotProductPath pat
   params.queries = c.query.expand(q_sizes).reshape({-1, g * c.L, c.E}).contiguous();
   params.keys = flatten_kv(c, c.key, c.heads_k, g);
   params.values = flatten_kv(c, c.value, c.heads_v, g);
-  if (params.mask.lens.defined()) params.mask.lens = params.mask.lens.view({-1, g * c.L});
+  auto& lens = params.mask.lens;
+  if (lens.dim() == 2) lens = lens.view({-1, g * c.L});
+  // Bands per entry fold as lengths do; bands shared by every entry repeat
+  // with period L, which the folded rows keep.
+  if (lens.dim() == 3 && lens.size(0) > 1) lens = lens.view({-1, g * c.L, 2});
   auto out = std::get<0>(run_dot_product_attention(params, path));
   Shape out_sizes = c.batch;
   out_sizes.push_back(c.L);

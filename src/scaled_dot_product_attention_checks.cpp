@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "checks.h"
@@ -63,6 +65,20 @@ void check_mask(const SdpaCall& c) {
 
 }  // namespace
 
+void check_options(const char* fn,
+                   const nn::functional::ScaledDotProductAttentionFuncOptions& options) {
+  const double p = options.dropout_p();
+  TORCH_CHECK(p >= 0 && p < 1, fmt::format("{}: dropout_p must be in [0, 1), got {}", fn, p));
+  TORCH_CHECK(!options.scale() || std::isfinite(*options.scale()),
+              fmt::format("{}: scale must be finite, got {}", fn, options.scale().value_or(0)));
+  for (const auto& [name, edge] : {std::pair{"window_left", options.window_left()},
+                                   std::pair{"window_right", options.window_right()}}) {
+    TORCH_CHECK(!edge || *edge >= 0,
+                fmt::format("{}: {} must be at least 0 (or unset: unbounded), got {}", fn, name,
+                            edge.value_or(0)));
+  }
+}
+
 SdpaCall check_call(const torch::Tensor& query, const torch::Tensor& key,
                     const torch::Tensor& value,
                     const nn::functional::ScaledDotProductAttentionFuncOptions& options) {
@@ -90,22 +106,20 @@ SdpaCall check_call(const torch::Tensor& query, const torch::Tensor& key,
               fmt::format("{}: key and value must have the same number of keys S, got key {} and "
                           "value {}",
                           kSdpaFn, shape_of(key), shape_of(value)));
-  const double p = options.dropout_p();
-  TORCH_CHECK(p >= 0 && p < 1, fmt::format("{}: dropout_p must be in [0, 1), got {}", kSdpaFn, p));
-  TORCH_CHECK(
-      !options.scale() || std::isfinite(*options.scale()),
-      fmt::format("{}: scale must be finite, got {}", kSdpaFn, options.scale().value_or(0)));
+  check_options(kSdpaFn, options);
   TORCH_CHECK(!(options.is_causal() && options.attn_mask().defined()),
               fmt::format("{}: is_causal and attn_mask are exclusive (as in Python), got "
                           "is_causal with attn_mask {}",
                           kSdpaFn, shape_of(options.attn_mask())));
 
+  const double p = options.dropout_p();
   SdpaCall c;
   c.query = query, c.key = key, c.value = value, c.mask = options.attn_mask();
   c.L = query.size(-2), c.S = key.size(-2), c.E = query.size(-1), c.Ev = value.size(-1);
   c.is_causal = options.is_causal();
   if (options.causal_variant() == nn::functional::CausalVariant::kLowerRight)
     c.diagonal = c.S - c.L;
+  c.window_left = options.window_left(), c.window_right = options.window_right();
   c.dropout = p;
   c.backend = options.backend();
   c.scale = options.scale().value_or(1.0 / std::sqrt(static_cast<double>(c.E)));
@@ -134,6 +148,33 @@ SdpaCall check_call(const torch::Tensor& query, const torch::Tensor& key,
   if (!c.gqa) c.heads_k = c.heads_v = c.heads_q();
   if (c.mask.defined()) check_mask(c);
   return c;
+}
+
+std::pair<int64_t, int64_t> row_band(int64_t i, int64_t S, int64_t diagonal, bool causal,
+                                     std::optional<int64_t> left, std::optional<int64_t> right) {
+  const int64_t p = i + diagonal;
+  const int64_t first = left ? std::max<int64_t>(0, p - *left) : 0;
+  int64_t end = S;
+  if (right) end = std::min(end, p + *right + 1);
+  if (causal) end = std::min(end, p + 1);
+  return first < end ? std::pair{first, end} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+torch::Tensor window_bands(const SdpaCall& c) {
+  auto bands = torch::empty({1, c.L, 2}, torch::kLong);
+  auto* data = bands.data_ptr<int64_t>();
+  for (int64_t i = 0; i < c.L; ++i) {
+    std::tie(data[2 * i], data[2 * i + 1]) =
+        row_band(i, c.S, c.diagonal, c.is_causal, c.window_left, c.window_right);
+  }
+  return bands;
+}
+
+torch::Tensor window_keep(const SdpaCall& c) {
+  const auto bands = window_bands(c).view({c.L, 1, 2});
+  const auto keys = torch::arange(c.S, torch::kLong);
+  const auto keep = (keys >= bands.select(2, 0)).logical_and(keys < bands.select(2, 1));
+  return keep.to(c.query.device());
 }
 
 }  // namespace d2l::detail

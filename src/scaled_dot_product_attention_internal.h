@@ -10,6 +10,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace d2l::detail {
@@ -30,6 +32,8 @@ struct SdpaCall {
   /// The causal diagonal's offset: query i sees keys j <= i + diagonal (0,
   /// or S - L for CausalVariant::kLowerRight).
   int64_t diagonal = 0;
+  /// The sliding window's edges (unset: unbounded), about the diagonal.
+  std::optional<int64_t> window_left, window_right;
   double scale = 1.0;
   double dropout = 0.0;
   AttentionBackend backend = AttentionBackend::kAuto;
@@ -40,7 +44,24 @@ struct SdpaCall {
     return n;
   }
   int64_t heads_q() const { return batch.empty() ? 1 : batch.back(); }
+  bool windowed() const { return window_left.has_value() || window_right.has_value(); }
 };
+
+/// Query i's keys [first, end) among S under a causal mask on `diagonal`
+/// and a window about it (Note [Bands of keys]); [0, 0) where it sees none.
+std::pair<int64_t, int64_t> row_band(int64_t i, int64_t S, int64_t diagonal, bool causal,
+                                     std::optional<int64_t> left, std::optional<int64_t> right);
+
+/// row_band of queries 0 .. L - 1 as a (1, L, 2) int64 tensor of bands.
+torch::Tensor window_bands(const SdpaCall& c);
+
+/// Which of the (L, S) pairs the causal mask and the window keep (boolean).
+torch::Tensor window_keep(const SdpaCall& c);
+
+/// The checks of the options that stand alone (dropout_p, scale, the
+/// window), as `fn`'s errors.
+void check_options(const char* fn,
+                   const nn::functional::ScaledDotProductAttentionFuncOptions& options);
 
 /// The call's checks, Python's and ours, before anything runs: each bad
 /// argument a c10::Error naming kSdpaFn, the argument and what it got.

@@ -65,6 +65,13 @@ const std::vector<Case> kCases = {
     {"sdpa_no_queries", false},
     {"sdpa_no_features", false},
     {"sdpa_long", true},
+    {"sdpa_window_causal", true},
+    {"sdpa_window_both", true},
+    {"sdpa_window_lower_right", true},
+    {"sdpa_window_tall", true},
+    {"sdpa_window_gqa", true},
+    {"sdpa_window_prefix", true},
+    {"sdpa_window_long", true},
 };
 
 // The fixture's options, its mask in `dtype` where it is a float one.
@@ -73,6 +80,11 @@ F::ScaledDotProductAttentionFuncOptions options_of(const Fixture& f, torch::Dtyp
   options.is_causal(f.scalar("is_causal") != 0).enable_gqa(f.scalar("enable_gqa") != 0);
   if (f.scalar("causal_lower_right") != 0) options.causal_variant(F::CausalVariant::kLowerRight);
   if (f.has_scalar("scale")) options.scale(f.scalar("scale"));
+  // Python's reference had the window as a boolean mask; here it is the option.
+  if (f.has_scalar("window_left") && f.scalar("window_left") >= 0)
+    options.window_left(static_cast<int64_t>(f.scalar("window_left")));
+  if (f.has_scalar("window_right") && f.scalar("window_right") >= 0)
+    options.window_right(static_cast<int64_t>(f.scalar("window_right")));
   if (f.has_tensor("attn_mask.bool"))
     options.attn_mask(f.tensor("attn_mask.bool").to(torch::kBool));
   if (f.has_tensor("attn_mask.float")) {
@@ -167,8 +179,9 @@ std::string path_of(const std::string& name, torch::Dtype dtype = torch::kFloat,
 }
 
 // The decision table: masks that are lengths (none, causal, boolean or
-// 0/-inf prefixes) and grouped heads run the flash kernel; other masks,
-// zero sizes and E = 0 the composite path; dropout the fused softmax.
+// 0/-inf prefixes), windows (bands) and grouped heads run the flash kernel;
+// other masks, zero sizes and E = 0 the composite path; dropout the fused
+// softmax, or with a window the composite path.
 TEST(Sdpa, RunsTheKernelsWhereTheMaskIsLengths) {
   for (const auto& [name, kernels] : kCases) {
     if (!kernels) {
@@ -179,7 +192,11 @@ TEST(Sdpa, RunsTheKernelsWhereTheMaskIsLengths) {
     EXPECT_EQ(path_of(name, torch::kDouble), "flash") << name;
     EXPECT_EQ(path_of(name, torch::kHalf), "flash") << name;
     EXPECT_EQ(path_of(name, torch::kFloat, AttentionBackend::kComposite), "composite") << name;
-    EXPECT_EQ(path_of(name, torch::kFloat, AttentionBackend::kAuto, 0.1), "fused_softmax") << name;
+    // Dropout with a window: the composite path (the fused softmax masks by lengths only).
+    const bool window = std::string(name).rfind("sdpa_window", 0) == 0;
+    EXPECT_EQ(path_of(name, torch::kFloat, AttentionBackend::kAuto, 0.1),
+              window ? "composite" : "fused_softmax")
+        << name;
   }
   const auto f = d2l::testing::load_fixture("sdpa_float_bias_float32");
   const auto explained = d2l::nn::explain_path(f.tensor("query"), f.tensor("key"),

@@ -45,6 +45,14 @@ struct ScaledDotProductAttentionFuncOptions {
   /// The causal mask's alignment: Python's is_causal (kUpperLeft), or its
   /// causal_lower_right bias (kLowerRight), which Python passes as attn_mask.
   TORCH_ARG(CausalVariant, causal_variant) = CausalVariant::kUpperLeft;
+  /// A sliding window (local attention), which Python's SDPA lacks: query
+  /// i sees keys j >= p - window_left, where p = i on the diagonal that
+  /// causal_variant names (i + S - L for kLowerRight), whether or not
+  /// is_causal is set. Unset: no bound on the left. At least 0.
+  TORCH_ARG(std::optional<int64_t>, window_left) = std::nullopt;
+  /// The window's right edge: query i sees keys j <= p + window_right (0:
+  /// as causal). Unset: no bound (but is_causal's). At least 0.
+  TORCH_ARG(std::optional<int64_t>, window_right) = std::nullopt;
   /// The factor of Q Kᵀ; 1/sqrt(E) when unset.
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;
   /// Keys and values of Hkv heads serve Hq = g · Hkv query heads: query head
@@ -65,6 +73,23 @@ torch::Tensor scaled_dot_product_attention(
     const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
     const ScaledDotProductAttentionFuncOptions& options = {});
 
+/// Attention over packed sequences of different lengths, with no padding
+/// (flash-attention's varlen layout): query (Tq, Hq, E), key (Tk, Hk, E) and
+/// value (Tk, Hv, Ev) hold B sequences one after another, sequence s being
+/// rows cu_seqlens_q[s] to cu_seqlens_q[s + 1] of the queries and
+/// cu_seqlens_k[s] to cu_seqlens_k[s + 1] of the keys (int32 or int64,
+/// (B + 1), from 0, non-decreasing, ending at Tq and Tk). Each sequence's
+/// queries attend to its own keys only, as scaled_dot_product_attention
+/// would on that sequence alone with these options (is_causal,
+/// causal_variant and the window per sequence; attn_mask is refused: there
+/// is no padding to mask). Hq must be a multiple of Hk and Hv (grouped
+/// heads need no enable_gqa here). Returns (Tq, Hq, Ev). On the CPU one
+/// kernel call runs every sequence and head, its threads split by work.
+torch::Tensor scaled_dot_product_attention_varlen(
+    const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+    const torch::Tensor& cu_seqlens_q, const torch::Tensor& cu_seqlens_k,
+    const ScaledDotProductAttentionFuncOptions& options = {});
+
 }  // namespace functional
 
 /// Which path functional::scaled_dot_product_attention takes for these
@@ -73,6 +98,12 @@ torch::Tensor scaled_dot_product_attention(
 /// the call, without computing anything.
 PathExplanation explain_path(const torch::Tensor& query, const torch::Tensor& key,
                              const torch::Tensor& value,
+                             const functional::ScaledDotProductAttentionFuncOptions& options);
+
+/// The same for functional::scaled_dot_product_attention_varlen.
+PathExplanation explain_path(const torch::Tensor& query, const torch::Tensor& key,
+                             const torch::Tensor& value, const torch::Tensor& cu_seqlens_q,
+                             const torch::Tensor& cu_seqlens_k,
                              const functional::ScaledDotProductAttentionFuncOptions& options);
 
 }  // namespace d2l::nn
