@@ -54,6 +54,30 @@ torch::Tensor transpose_output(const torch::Tensor& X, int64_t num_heads) {
 
 namespace detail {
 
+std::tuple<torch::Tensor, torch::Tensor> grouped_heads_attention(DotProductParams p, int64_t group,
+                                                                 DotProductPath path) {
+  if (group == 1) return run_dot_product_attention(p, path);
+  // Note [Grouped heads as longer entries]: the g query heads of a key/value
+  // head are consecutive entries of (B · H, n, d), so (B · Hkv, g · n, d) is
+  // one entry per key/value head; the per-head masks fold the same way.
+  const int64_t entries = p.keys.size(0), n = p.queries.size(1), m = p.keys.size(1);
+  p.queries = p.queries.reshape({entries, group * n, p.queries.size(2)});
+  const auto fold = [&](const torch::Tensor& lens) {
+    if (!lens.defined()) return lens;
+    return lens.dim() == 1 ? lens.view({entries, group}).repeat_interleave(n, 1)
+                           : lens.reshape({entries, group * n});
+  };
+  p.mask.lens = fold(p.mask.lens);
+  if (p.mask.range && p.mask.range->on_host.defined()) {
+    p.mask.range->on_host = fold(p.mask.range->on_host);
+  }
+  if (p.mask.allowed.defined()) p.mask.allowed = p.mask.allowed.reshape({entries, group * n, m});
+  auto [output, weights] = run_dot_product_attention(p, path);
+  output = output.view({entries * group, n, output.size(2)});
+  if (weights.defined()) weights = weights.view({entries * group, n, m});
+  return {std::move(output), std::move(weights)};
+}
+
 // functional::multi_head_attention, with messages naming `fn`.
 std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
     const char* fn, const MultiHeadAttentionOptions* module_options, const torch::Tensor& queries,
@@ -76,12 +100,13 @@ std::tuple<torch::Tensor, torch::Tensor> checked_multi_head_attention(
                             const torch::Tensor& b) {
     return detail::linear(x, W, b, o.backend());
   };
-  auto [output, weights] = detail::run_dot_product_attention(
+  const int64_t kv_heads = params.kv_heads;
+  auto [output, weights] = grouped_heads_attention(
       {transpose_qkv(project(queries, o.W_q(), o.b_q()), heads),
-       transpose_qkv(project(keys, o.W_k(), o.b_k()), heads),
-       transpose_qkv(project(values, o.W_v(), o.b_v()), heads), detail::per_head_mask(params),
+       transpose_qkv(project(keys, o.W_k(), o.b_k()), kv_heads),
+       transpose_qkv(project(values, o.W_v(), o.b_v()), kv_heads), detail::per_head_mask(params),
        o.backend(), o.dropout(), o.training(), o.need_weights()},
-      selection.per_head);
+      heads / kv_heads, selection.per_head);
   return {project(transpose_output(output, heads), o.W_o(), o.b_o()), std::move(weights)};
 }
 
@@ -166,6 +191,11 @@ void check_options(const MultiHeadAttentionOptions& o) {
                           "and num_heads={}",
                           fn, o.num_hiddens(), o.num_heads()));
   detail::check_dropout(fn, o.dropout());
+  const auto kv = o.num_kv_heads();
+  TORCH_CHECK(!kv || (*kv > 0 && o.num_heads() % *kv == 0),
+              fmt::format("{}: num_kv_heads must divide num_heads={} (each key/value head "
+                          "serving a group of query heads), got num_kv_heads={}",
+                          fn, o.num_heads(), kv.value_or(0)));
 }
 
 }  // namespace
@@ -183,17 +213,20 @@ void MultiHeadAttentionImpl::reset() {
                               .backend(options.backend())
                               .record_attention_weights(options.record_attention_weights())));
   W_q = register_module("W_q", Linear(LinearOptions(options.query_size(), h).bias(bias)));
-  W_k = register_module("W_k", Linear(LinearOptions(options.key_size(), h).bias(bias)));
-  W_v = register_module("W_v", Linear(LinearOptions(options.value_size(), h).bias(bias)));
+  const int64_t kv = h / options.num_heads() * options.num_kv_heads().value_or(options.num_heads());
+  W_k = register_module("W_k", Linear(LinearOptions(options.key_size(), kv).bias(bias)));
+  W_v = register_module("W_v", Linear(LinearOptions(options.value_size(), kv).bias(bias)));
   W_o = register_module("W_o", Linear(LinearOptions(h, h).bias(bias)));
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << fmt::format(
       "d2l::MultiHeadAttention(key_size={}, query_size={}, value_size={}, "
-      "num_hiddens={}, num_heads={}, dropout={}, bias={})",
+      "num_hiddens={}, num_heads={}, ",
       options.key_size(), options.query_size(), options.value_size(), options.num_hiddens(),
-      options.num_heads(), options.dropout(), options.bias());
+      options.num_heads());
+  if (options.num_kv_heads()) stream << fmt::format("num_kv_heads={}, ", *options.num_kv_heads());
+  stream << fmt::format("dropout={}, bias={})", options.dropout(), options.bias());
 }
 
 namespace {

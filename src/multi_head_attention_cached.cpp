@@ -126,13 +126,13 @@ std::tuple<torch::Tensor, torch::Tensor> per_head_cached(const torch::Tensor& qu
                                                          const MultiHeadAttentionCache& cache,
                                                          const CachedPlan& c, bool need_weights) {
   const auto& o = c.call;
-  const int64_t heads = c.params.heads;
+  const int64_t heads = c.params.heads, kv_heads = c.params.kv_heads;
   const auto q = detail::linear(queries, o.W_q(), o.b_q(), o.backend());
-  auto [output, weights] = detail::run_dot_product_attention(
-      {transpose_qkv(q, heads), transpose_qkv(cache.keys(), heads),
-       transpose_qkv(cache.values(), heads), detail::per_head_mask(c.params), o.backend(),
+  auto [output, weights] = detail::grouped_heads_attention(
+      {transpose_qkv(q, heads), transpose_qkv(cache.keys(), kv_heads),
+       transpose_qkv(cache.values(), kv_heads), detail::per_head_mask(c.params), o.backend(),
        o.dropout(), o.training(), need_weights},
-      c.selection.per_head);
+      heads / kv_heads, c.selection.per_head);
   return {detail::linear(transpose_output(output, heads), o.W_o(), o.b_o(), o.backend()),
           std::move(weights)};
 }

@@ -46,6 +46,14 @@ PathExplanation explain_multi_head_attention(const char* fn,
                                              const torch::Tensor& keys, const torch::Tensor& values,
                                              const functional::MultiHeadAttentionFuncOptions& o);
 
+/// run_dot_product_attention on per-head queries (B · H, n, d) over keys
+/// and values of B · H / group heads, each read by `group` consecutive
+/// query heads (Note [Grouped heads as longer entries]); the mask per query
+/// head; returns the output (B · H, n, dv) and weights (B · H, n, m).
+std::tuple<torch::Tensor, torch::Tensor> grouped_heads_attention(DotProductParams params,
+                                                                 int64_t group,
+                                                                 DotProductPath path);
+
 /// The parameters of one multi-head attention call. Biases may be undefined.
 struct MultiHeadWeights {
   torch::Tensor W_q, W_k, W_v, W_o, b_q, b_k, b_v, b_o;

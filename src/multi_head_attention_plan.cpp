@@ -33,6 +33,25 @@ void check_projection(const char* fn, const char* name, const torch::Tensor& W,
   check_same_dtype(fn, "queries", queries, bias_name, b);
 }
 
+// The key/value heads W_k's rows make: num_heads for h rows, or g for
+// h / num_heads · g rows with g dividing num_heads (grouped-query heads;
+// check_projection then holds W_v to the same); where W_k's rows make
+// neither, num_heads, and check_projection refuses W_k for not having h.
+int64_t grouped_kv_heads(const char* fn, const functional::MultiHeadAttentionFuncOptions& o,
+                         int64_t h, int64_t heads) {
+  check_strided_layout(fn, "W_k", o.W_k());
+  check_floating(fn, "W_k", o.W_k(), 2);
+  const int64_t rows = o.W_k().size(0), d = h / heads;
+  if (rows == h || rows == 0 || rows % d != 0) return heads;
+  const int64_t g = rows / d;
+  TORCH_CHECK(heads % g == 0,
+              fmt::format("{}: W_k and W_v must have num_hiddens={} rows, or num_hiddens / "
+                          "num_heads = {} times a number of key/value heads that divides "
+                          "num_heads={} (grouped-query heads), got W_k {}",
+                          fn, h, d, heads, shape_of(o.W_k())));
+  return g;
+}
+
 // The module's own checks: its inputs against its options, in its words.
 void check_module_inputs(const char* fn, const MultiHeadAttentionOptions& options,
                          const torch::Tensor& queries, const torch::Tensor& keys,
@@ -76,9 +95,11 @@ MultiHeadParams checked_multi_head_params(const char* fn,
               fmt::format("{}: num_hiddens (the rows of W_q) must be divisible by num_heads, got "
                           "W_q {} and num_heads={}",
                           fn, shape_of(o.W_q()), heads));
+  const int64_t kv_heads = grouped_kv_heads(fn, o, h, heads);
+  const int64_t kv_rows = h / heads * kv_heads;
   check_projection(fn, "W_q", o.W_q(), "b_q", o.b_q(), h, queries.size(2), queries);
-  check_projection(fn, "W_k", o.W_k(), "b_k", o.b_k(), h, keys.size(2), queries);
-  check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), h, values.size(2), queries);
+  check_projection(fn, "W_k", o.W_k(), "b_k", o.b_k(), kv_rows, keys.size(2), queries);
+  check_projection(fn, "W_v", o.W_v(), "b_v", o.b_v(), kv_rows, values.size(2), queries);
   check_projection(fn, "W_o", o.W_o(), "b_o", o.b_o(), h, h, queries);
   check_dropout(fn, o.dropout());
   check_masks(fn, o.mask(), queries, keys, heads);
@@ -88,6 +109,7 @@ MultiHeadParams checked_multi_head_params(const char* fn,
   params.keys = keys;
   params.values = values;
   params.heads = heads;
+  params.kv_heads = kv_heads;
   params.head_features = h / heads;
   params.backend = o.backend();
   params.dropout = o.dropout();

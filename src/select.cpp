@@ -317,6 +317,7 @@ AdditivePath choose_additive(const char* fn, const AdditiveParams& p,
 std::string why_not_small_heads(const MultiHeadParams& p) {
   if (p.backend == AttentionBackend::kComposite) return kCompositeAsked;
   if (p.backend == AttentionBackend::kSdpa) return "AttentionBackend::kSdpa asks for SDPA per head";
+  if (p.kv_heads != p.heads) return "grouped-query heads (the per-head path folds them)";
   const auto& queries = p.queries;
   if (!queries.device().is_cpu()) {
     return fmt::format("tensors on {} (the kernels run on the CPU)", queries.device().str());
@@ -358,22 +359,21 @@ ResolvedMask per_head_mask(const MultiHeadParams& params) {
 MultiHeadSelection select_multi_head(const char* fn, const MultiHeadParams& params, bool explain) {
   MultiHeadSelection selection;
   const auto why = why_not_small_heads(params);
-  if (why.empty()) {
-    selection.path = MultiHeadPath::kSmallHeads;
-    return selection;
-  }
+  selection.path = why.empty() ? MultiHeadPath::kSmallHeads : MultiHeadPath::kPerHead;
+  if (why.empty()) return selection;
   if (explain) selection.reasons.push_back("small_heads: " + why);
-  // The heads' shapes, without projecting anything: one element, expanded.
+  // The heads' shapes, one element expanded, grouped heads folded (Note
+  // [Grouped heads as longer entries]).
   const auto& q = params.queries;
-  const int64_t batch = q.size(0) * params.heads;
+  const int64_t batch = q.size(0) * params.kv_heads, group = params.heads / params.kv_heads;
   const auto head_shaped = [&](int64_t rows) {
     return torch::empty({1}, q.options()).expand({batch, rows, params.head_features});
   };
   const auto keys = head_shaped(params.keys.size(1));
   auto inner =
       select_dot_product(fn,
-                         {head_shaped(q.size(1)), keys, keys, per_head_mask(params), params.backend,
-                          params.dropout, params.training, params.need_weights},
+                         {head_shaped(group * q.size(1)), keys, keys, per_head_mask(params),
+                          params.backend, params.dropout, params.training, params.need_weights},
                          explain);
   selection.per_head = inner.path;
   selection.reasons.insert(selection.reasons.end(), inner.reasons.begin(), inner.reasons.end());

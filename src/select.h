@@ -172,6 +172,8 @@ enum class MultiHeadPath {
 struct MultiHeadParams {
   torch::Tensor queries, keys, values;
   int64_t heads = 1;
+  /// Key/value heads: `heads`, or fewer for grouped-query attention.
+  int64_t kv_heads = 1;
   /// Features per head, num_hiddens / heads.
   int64_t head_features = 1;
   ResolvedMask mask;

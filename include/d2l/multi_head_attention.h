@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -46,6 +47,12 @@ struct MultiHeadAttentionOptions {
   /// last call in `attention->attention_weights`; off for concurrent use
   /// (DotProductAttentionOptions::record_attention_weights).
   TORCH_ARG(bool, record_attention_weights) = true;
+  /// Grouped-query attention, which the book does not teach: keys and values
+  /// of num_kv_heads heads (dividing num_heads), each read in place by its
+  /// group of num_heads / num_kv_heads query heads; W_k and W_v then have
+  /// num_hiddens / num_heads · num_kv_heads rows, and so do the cache's
+  /// keys and values. Unset: num_heads (the book's).
+  TORCH_ARG(std::optional<int64_t>, num_kv_heads) = std::nullopt;
 
  public:
   /// The `backend` option's name in 0.2, kept for one minor version.
@@ -70,7 +77,9 @@ namespace functional {
 /// The weights and settings of functional::multi_head_attention. The four
 /// projections are given as Linear weights (out_features, in_features):
 /// W_q (h, query_size), W_k (h, key_size), W_v (h, value_size), W_o (h, h),
-/// with h = num_hiddens; biases are (h) or undefined (no bias). The mask
+/// with h = num_hiddens; biases are (h) or undefined (no bias). W_k and W_v
+/// of h / num_heads · g rows, g dividing num_heads, give grouped-query
+/// attention: g key/value heads, each read by num_heads / g query heads. The mask
 /// (`mask`, or `valid_lens`, `key_padding_mask`, `attn_mask` and `is_causal`
 /// one by one) is AttentionMask's, whose attn_mask may also be (B *
 /// num_heads, n, m), one per head, as torch::nn::MultiheadAttention's.
