@@ -114,7 +114,7 @@ endif
         multi-head python-weights python-transformer \
         fra-eng fashion-mnist bahdanau transformer vit-fashion-mnist seq2seq test check check-disk check-prune build-torch2 \
         package deps-package test-package-debian12 test-package-debian13 dist test-torch2 test-asan test-asan-torch2 \
-        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-gqa bench-transformer bench-generate bench-nn bench-spread bench-dp device-sources \
+        test-tsan test-fuzz test-debian13 clean-debian13 fuzz bench bench-book bench-sdpa bench-gqa bench-bands bench-transformer bench-generate bench-nn bench-spread bench-dp device-sources \
         fixtures clean
 # The steps of `make check` each build with all cores; running them side by
 # side would only fight over the two.
@@ -565,6 +565,28 @@ bench-gqa:
 	python3 benchmarks/gqa_table.py \
 	  --peak "$$($(BUILD2_DIR)/compute_peak | sed -n 's/^float32 FMA peak, 1 thread: \([0-9.]*\).*/\1/p')" \
 	  $(BUILD2_DIR)/bench-gqa-threads*.json | tee $(BUILD2_DIR)/bench-gqa-report.md
+
+# Sliding windows and packed sequences (d2l::nn::functional::
+# scaled_dot_product_attention's window_left, scaled_dot_product_attention_varlen):
+# a window of 512 over 8192 keys against 16 blocks of 512, packed against
+# padded, each beside LibTorch's SDPA given the same attention as a mask;
+# float32 and bfloat16, one process per thread count on the torch 2.11 leg
+# (docs/sdpa.md, "Windows and packed sequences").
+BANDS_FLAGS ?= --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+               --benchmark_min_time=0.1
+bench-bands:
+	$(MAKE) configure TORCH=wheel
+	cmake -S . -B $(BUILD2_DIR) -DD2L_BUILD_BENCHMARKS=ON
+	cmake --build $(BUILD2_DIR) -j $(JOBS) --target bench_sdpa_bands
+	gcc -O2 benchmarks/compute_peak.c -o $(BUILD2_DIR)/compute_peak
+	for t in $$(echo $(BENCH_THREADS) | tr , ' '); do \
+	  OPENBLAS_NUM_THREADS=1 $(BUILD2_DIR)/benchmarks/bench_sdpa_bands --threads $$t $(BANDS_FLAGS) \
+	    --benchmark_out=$(BUILD2_DIR)/bench-bands-threads$$t.json --benchmark_out_format=json \
+	    || exit 1; \
+	done
+	python3 benchmarks/bands_table.py \
+	  --peak "$$($(BUILD2_DIR)/compute_peak | sed -n 's/^float32 FMA peak, 1 thread: \([0-9.]*\).*/\1/p')" \
+	  $(BUILD2_DIR)/bench-bands-threads*.json | tee $(BUILD2_DIR)/bench-bands-report.md
 
 # The Transformer's attention beside its peers on the torch 2.11 leg: causal
 # self-attention at n = m = 2048 against the same kernel unmasked and SDPA's
