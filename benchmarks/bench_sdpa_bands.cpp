@@ -10,6 +10,7 @@
 //                    pairs; the window's cost if it is linear in n
 //   packed16         16 causal sequences of lengths 64 to 1024 (8,704
 //                    tokens), packed (scaled_dot_product_attention_varlen)
+//   separate16       the same sequences, each its own call (no padding)
 //   padded16         the same, padded to 1024 with the keys' lengths as a
 //                    mask (is_causal joined to it)
 //
@@ -115,6 +116,28 @@ Inputs make(const std::string& name, bool torch_impl, torch::Dtype dtype) {
     };
     return in;
   }
+  if (name == "separate16") {
+    // Each sequence its own call, (1, H, L, E) views of the packed rows.
+    for (int i = 0; i < 3; ++i) in.qkv.push_back(randn({total, kHeads, kFeatures}, dtype));
+    in.upstream = randn({total, kHeads, kFeatures}, dtype);
+    in.call = [lens](const std::vector<torch::Tensor>& x) {
+      std::vector<torch::Tensor> outs;
+      int64_t start = 0;
+      for (const auto L : lens) {
+        const auto part = [&](const torch::Tensor& t) {
+          return t.narrow(0, start, L).transpose(0, 1).unsqueeze(0);
+        };
+        outs.push_back(F::scaled_dot_product_attention(
+                           part(x[0]), part(x[1]), part(x[2]),
+                           F::ScaledDotProductAttentionFuncOptions().is_causal(true))
+                           .squeeze(0)
+                           .transpose(0, 1));
+        start += L;
+      }
+      return torch::cat(outs, 0);
+    };
+    return in;
+  }
   // padded16: the keys' lengths and the causal mask as one boolean mask,
   // a prefix in every row (the kernels take it as lengths).
   for (int i = 0; i < 3; ++i) in.qkv.push_back(randn({B, kHeads, longest, kFeatures}, dtype));
@@ -184,7 +207,8 @@ int main(int argc, char** argv) {
   }
   benchmark::AddCustomContext("d2l_cpu_isa", d2l::to_string(d2l::cpu_isa()));
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
-  for (const std::string name : {"window512_n8192", "blocks16_n512", "packed16", "padded16"}) {
+  for (const std::string name :
+       {"window512_n8192", "blocks16_n512", "packed16", "separate16", "padded16"}) {
     if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
     for (const int t : threads) {
       for (const auto& [dtype, dname] :
@@ -193,7 +217,10 @@ int main(int argc, char** argv) {
           for (const bool torch_impl : {false, true}) {
             // LibTorch's SDPA: only where it has one, and not the window's
             // backward (every one of the 8192² pairs, minutes a run).
-            if (torch_impl && (!D2L_HAS_SDPA || (name == "window512_n8192" && backward))) continue;
+            if (torch_impl && (!D2L_HAS_SDPA || name == "separate16" || name == "packed16" ||
+                               (name == "window512_n8192" && backward))) {
+              continue;
+            }
             register_case(fmt::format("{}_{}_{}/{}/threads:{}", torch_impl ? "torch" : "ours",
                                       dname, backward ? "fwdbwd" : "fwd", name, t),
                           name, torch_impl, t, dtype, backward);

@@ -189,7 +189,9 @@ torch::Tensor run_kernels(const VarlenCall& c, DotProductParams params, DotProdu
   params.keys = heads_first(c.key, c.heads_q / g, 1);
   params.values = heads_first(c.value, c.heads_q / g, 1);
   const auto out = std::get<0>(run_dot_product_attention(params, path));
-  return out.view({c.heads_q, c.Tq(), c.value.size(2)}).transpose(0, 1).contiguous();
+  // A view: a contiguous copy would be a fourth buffer of the call's size,
+  // whose first touch alone (page faults) costs as much as copying it.
+  return out.view({c.heads_q, c.Tq(), c.value.size(2)}).transpose(0, 1);
 }
 
 // scaled_dot_product_attention on each sequence in turn.

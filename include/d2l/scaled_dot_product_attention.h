@@ -83,8 +83,10 @@ torch::Tensor scaled_dot_product_attention(
 /// would on that sequence alone with these options (is_causal,
 /// causal_variant and the window per sequence; attn_mask is refused: there
 /// is no padding to mask). Hq must be a multiple of Hk and Hv (grouped
-/// heads need no enable_gqa here). Returns (Tq, Hq, Ev). On the CPU one
-/// kernel call runs every sequence and head, its threads split by work.
+/// heads need no enable_gqa here). Returns (Tq, Hq, Ev), on the CPU's
+/// kernels a view of a heads-first (Hq, Tq, Ev) buffer (call .contiguous()
+/// where a layout matters). On the CPU one kernel call runs every sequence
+/// and head, its threads split by work.
 torch::Tensor scaled_dot_product_attention_varlen(
     const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
     const torch::Tensor& cu_seqlens_q, const torch::Tensor& cu_seqlens_k,
