@@ -14,24 +14,10 @@ peak times the thread count, from the `useful_flop` counter (pairs that take par
 library only.
 """
 
-import re
 import sys
 
-from report_io import benchmark_rows, medians
+from report_io import impl_medians
 from sdpa_table import context, cpu_model
-
-
-def read(paths):
-    keyed, flops = [], {}
-    for parts, row, seconds in benchmark_rows(paths):
-        m = re.fullmatch(r"(ours|torch)_(f32|bf16)_(fwd|fwdbwd)", parts[0])
-        if not m or len(parts) < 3:
-            continue
-        key = (m[1], m[2], m[3], parts[1], int(parts[2].split(":")[1]))
-        keyed.append((key, row, seconds))
-        if "useful_flop" in row:
-            flops[key] = max(flops.get(key, 0), row["useful_flop"])
-    return medians(keyed), flops
 
 
 def fmt_time(s):
@@ -48,7 +34,7 @@ def main(args):
         i = args.index("--peak")
         peak = float(args[i + 1]) * 1e9 if args[i + 1] else None
         args = args[:i] + args[i + 2:]
-    times, flops = read(args)
+    times, flops = impl_medians(args)
     ctx = context(args)
     print(f"Host: {cpu_model() or ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs; "
           f"LibTorch {ctx.get('torch_version', '?')}; d2l kernels {ctx.get('d2l_cpu_isa', '?')}; "

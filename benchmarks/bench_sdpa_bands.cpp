@@ -22,11 +22,10 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <fstream>
+#include "bench_cli.h"
+
 #include <functional>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,13 +47,6 @@ torch::Tensor libtorch_sdpa(const torch::Tensor& q, const torch::Tensor& k, cons
 #else
   TORCH_CHECK(false, "LibTorch ", TORCH_VERSION, " has no scaled_dot_product_attention");
 #endif
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
-  return out;
 }
 
 struct Inputs {
@@ -191,26 +183,11 @@ void register_case(const std::string& bench, const std::string& name, bool torch
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> threads = {1, 2};
-  std::vector<std::string> wanted;
-  std::vector<char*> rest = {argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--threads" && i + 1 < argc) {
-      threads.clear();
-      for (const auto& t : split(argv[++i])) threads.push_back(std::stoi(t));
-    } else if (arg == "--cases" && i + 1 < argc) {
-      wanted = split(argv[++i]);
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  benchmark::AddCustomContext("d2l_cpu_isa", d2l::to_string(d2l::cpu_isa()));
-  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  const auto cli = d2l::bench::parse_command_line(argc, argv, "--cases");
   for (const std::string name :
        {"window512_n8192", "blocks16_n512", "packed16", "separate16", "padded16"}) {
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
-    for (const int t : threads) {
+    if (!cli.wants(name)) continue;
+    for (const int t : cli.threads) {
       for (const auto& [dtype, dname] :
            {std::pair{torch::kFloat, "f32"}, std::pair{torch::kBFloat16, "bf16"}}) {
         for (const bool backward : {false, true}) {
@@ -229,9 +206,5 @@ int main(int argc, char** argv) {
       }
     }
   }
-  int count = static_cast<int>(rest.size());
-  benchmark::Initialize(&count, rest.data());
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return d2l::bench::run_registered(cli);
 }

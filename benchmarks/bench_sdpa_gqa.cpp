@@ -14,10 +14,9 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <fstream>
+#include "bench_cli.h"
+
 #include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,13 +43,6 @@ std::vector<GqaShape> all_shapes() {
     }
   }
   return shapes;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
-  return out;
 }
 
 struct Inputs {
@@ -124,31 +116,10 @@ void register_case(const std::string& name, const GqaShape& shape, int threads, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> threads = {1, 2};
-  std::vector<std::string> wanted;
-  std::vector<char*> rest = {argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--threads" && i + 1 < argc) {
-      threads.clear();
-      for (const auto& t : split(argv[++i])) threads.push_back(std::stoi(t));
-    } else if (arg == "--shapes" && i + 1 < argc) {
-      wanted = split(argv[++i]);
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  benchmark::AddCustomContext("d2l_cpu_isa", d2l::to_string(d2l::cpu_isa()));
-  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
-  std::ifstream loadavg("/proc/loadavg");
-  std::string one, five, fifteen;
-  loadavg >> one >> five >> fifteen;
-  benchmark::AddCustomContext("load_average", one + " " + five + " " + fifteen);
+  const auto cli = d2l::bench::parse_command_line(argc, argv, "--shapes");
   for (const auto& shape : all_shapes()) {
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), shape.name) == wanted.end()) {
-      continue;
-    }
-    for (const int t : threads) {
+    if (!cli.wants(shape.name)) continue;
+    for (const int t : cli.threads) {
       for (const auto& [dtype, dname] :
            {std::pair{torch::kFloat, "f32"}, std::pair{torch::kBFloat16, "bf16"}}) {
         for (const bool backward : {false, true}) {
@@ -162,11 +133,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  int count = static_cast<int>(rest.size());
-  benchmark::Initialize(&count, rest.data());
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return d2l::bench::run_registered(cli);
 }
 #else
 #include <cstdio>

@@ -1,6 +1,7 @@
 """Where the benchmark scripts write their reports, and how they read Google Benchmark's JSON."""
 
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -31,6 +32,22 @@ def medians(keyed_rows):
     for key, values in rows.items():
         result.setdefault(key, statistics.median(values))
     return result
+
+
+def impl_medians(paths):
+    """The medians and useful-flop counters of the Python-SDPA benchmarks (bench_sdpa_gqa,
+    bench_sdpa_bands: names `<ours|torch>_<f32|bf16>_<fwd|fwdbwd>/<case>/threads:<N>`), each
+    keyed (impl, dtype, pass, case, threads): ({key: median seconds}, {key: useful flop})."""
+    keyed, flops = [], {}
+    for parts, row, seconds in benchmark_rows(paths):
+        m = re.fullmatch(r"(ours|torch)_(f32|bf16)_(fwd|fwdbwd)", parts[0])
+        if not m or len(parts) < 3:
+            continue
+        key = (m[1], m[2], m[3], parts[1], int(parts[2].split(":")[1]))
+        keyed.append((key, row, seconds))
+        if "useful_flop" in row:
+            flops[key] = max(flops.get(key, 0), row["useful_flop"])
+    return medians(keyed), flops
 
 
 def write_report(text, out):
