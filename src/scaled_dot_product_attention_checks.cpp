@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "checks.h"
+#include "dot_product_attention_internal.h"
 #include "scaled_dot_product_attention_internal.h"
 
 namespace d2l::detail {
@@ -171,10 +172,7 @@ torch::Tensor window_bands(const SdpaCall& c) {
 }
 
 torch::Tensor window_keep(const SdpaCall& c) {
-  const auto bands = window_bands(c).view({c.L, 1, 2});
-  const auto keys = torch::arange(c.S, torch::kLong);
-  const auto keep = (keys >= bands.select(2, 0)).logical_and(keys < bands.select(2, 1));
-  return keep.to(c.query.device());
+  return band_keep(window_bands(c), 1, c.L, c.S).view({c.L, c.S}).to(c.query.device());
 }
 
 }  // namespace d2l::detail

@@ -52,6 +52,9 @@ struct VarlenCall {
 
   int64_t sequences() const { return static_cast<int64_t>(cu_q.size()) - 1; }
   int64_t Tq() const { return query.size(0); }
+  // The query heads folded per key/value head: 1 where keys and values
+  // differ in heads (both repeated to Hq then).
+  int64_t group() const { return heads_k == heads_v ? heads_q / heads_k : 1; }
 };
 
 std::vector<int64_t> checked_offsets(const char* name, const torch::Tensor& cu, int64_t total,
@@ -160,7 +163,7 @@ std::string off_kernels(const VarlenCall& c) {
 
 // The kernel call's placeholder parameters: (Hkv, g · Tq, E) queries.
 DotProductParams kernel_params(const VarlenCall& c, torch::Tensor bands) {
-  const int64_t g = c.heads_k == c.heads_v ? c.heads_q / c.heads_k : 1;
+  const int64_t g = c.group();
   const auto one = torch::empty({1, 1, 1}, c.query.options());
   ResolvedMask mask;
   mask.lens = std::move(bands);
@@ -184,7 +187,7 @@ torch::Tensor heads_first(const torch::Tensor& t, int64_t heads, int64_t g) {
 }
 
 torch::Tensor run_kernels(const VarlenCall& c, DotProductParams params, DotProductPath path) {
-  const int64_t g = c.heads_k == c.heads_v ? c.heads_q / c.heads_k : 1;
+  const int64_t g = c.group();
   params.queries = heads_first(c.query, c.heads_q, g);
   params.keys = heads_first(c.key, c.heads_q / g, 1);
   params.values = heads_first(c.value, c.heads_q / g, 1);
