@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/kernel_args.h"
 #include "dot_product_attention_internal.h"
 #include "scaled_dot_product_attention_internal.h"
 #include "select.h"
@@ -164,7 +165,7 @@ torch::Tensor flatten_kv(const SdpaCall& c, const torch::Tensor& t, int64_t head
   }
   sizes.push_back(c.S);
   sizes.push_back(t.size(-1));
-  return x.expand(sizes).reshape({-1, c.S, t.size(-1)}).contiguous();
+  return contiguous_input(x.expand(sizes)).view({-1, c.S, t.size(-1)});
 }
 
 // Python's math path, the readable oracle every other path is tested
@@ -274,7 +275,7 @@ torch::Tensor run(const SdpaCall& c, DotProductParams params, DotProductPath pat
   Shape q_sizes = c.batch;
   q_sizes.push_back(c.L);
   q_sizes.push_back(c.E);
-  params.queries = c.query.expand(q_sizes).reshape({-1, g * c.L, c.E}).contiguous();
+  params.queries = contiguous_input(c.query.expand(q_sizes)).view({-1, g * c.L, c.E});
   params.keys = flatten_kv(c, c.key, c.heads_k, g);
   params.values = flatten_kv(c, c.value, c.heads_v, g);
   auto& lens = params.mask.lens;

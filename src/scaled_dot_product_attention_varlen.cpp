@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/kernel_args.h"
 #include "dot_product_attention_internal.h"
 #include "scaled_dot_product_attention_internal.h"
 #include "select.h"
@@ -183,7 +184,7 @@ DotProductParams kernel_params(const VarlenCall& c, torch::Tensor bands) {
 torch::Tensor heads_first(const torch::Tensor& t, int64_t heads, int64_t g) {
   auto x = t.transpose(0, 1);
   if (g == 1 && t.size(1) != heads) x = x.repeat_interleave(heads / t.size(1), 0);
-  return x.contiguous().view({heads / g, -1, t.size(2)});
+  return contiguous_input(x).view({heads / g, -1, t.size(2)});
 }
 
 torch::Tensor run_kernels(const VarlenCall& c, DotProductParams params, DotProductPath path) {

@@ -222,4 +222,55 @@ TEST(Varlen, ThreadsCallItAtOnce) {
   }
 }
 
+// Inputs of 32 MiB and more that are not laid out heads first are copied
+// into memory mapped ahead of the kernels (detail::contiguous_input):
+// packed rows (T, H, E) and (B, L, H, E) views give, output and every
+// gradient to the bit, what the same numbers laid out heads first give.
+TEST(Varlen, LargeTransposedInputsGiveWhatHeadsFirstGives) {
+  torch::manual_seed(12);
+  // 128 sequences of 64 tokens, 8 heads of 128 features: 33.5 MB of float a tensor.
+  constexpr int64_t kSeqs = 128, kLen = 64, kHeads = 8, kFeatures = 128;
+  const auto cu = torch::arange(0, kSeqs * kLen + 1, kLen);
+  const auto opts = F::ScaledDotProductAttentionFuncOptions().is_causal(true);
+  std::vector<torch::Tensor> data;  // (B, H, L, E)
+  for (int i = 0; i < 3; ++i) data.push_back(torch::randn({kSeqs, kHeads, kLen, kFeatures}));
+  const auto upstream = torch::randn({kSeqs, kHeads, kLen, kFeatures});
+  // The packed rows (T, H, E) of (B, H, L, E).
+  const auto packed = [&](const torch::Tensor& t) {
+    return t.transpose(1, 2).reshape({kSeqs * kLen, kHeads, kFeatures});
+  };
+  // The call on (T, H, E) rows (varlen) or (B, H, L, E), given as leaves of
+  // that layout or as views of leaves with two dimensions swapped (heads
+  // first for packed rows, heads inside each token's row for the padded
+  // form); its output and the gradients in the call's layout.
+  const auto run = [&](bool swapped, bool varlen) {
+    const int64_t a = varlen ? 0 : 1;
+    std::vector<torch::Tensor> leaves, args;
+    for (const auto& t : data) {
+      const auto x = varlen ? packed(t) : t;
+      leaves.push_back((swapped ? x.transpose(a, a + 1).contiguous() : x.clone()).requires_grad_());
+      args.push_back(swapped ? leaves.back().transpose(a, a + 1) : leaves.back());
+    }
+    const auto out =
+        varlen ? F::scaled_dot_product_attention_varlen(args[0], args[1], args[2], cu, cu, opts)
+               : F::scaled_dot_product_attention(args[0], args[1], args[2], opts);
+    (out * (varlen ? packed(upstream) : upstream)).sum().backward();
+    std::vector<torch::Tensor> got{out.detach()};
+    for (auto& leaf : leaves)
+      got.push_back(swapped ? leaf.grad().transpose(a, a + 1) : leaf.grad());
+    return got;
+  };
+  for (const bool varlen : {true, false}) {
+    SCOPED_TRACE(varlen ? "varlen" : "padded");
+    // Packed rows heads inside are copied, heads first not; the padded form
+    // the other way round.
+    const auto copied = run(/*swapped=*/!varlen, varlen);
+    const auto in_place = run(/*swapped=*/varlen, varlen);
+    for (size_t i = 0; i < copied.size(); ++i) {
+      ASSERT_TRUE(copied[i].defined() && in_place[i].defined()) << i;
+      EXPECT_TRUE(torch::equal(copied[i], in_place[i])) << i;
+    }
+  }
+}
+
 }  // namespace sdpa_window_tests

@@ -39,10 +39,10 @@ struct Bf16ForwardArgs {
   // itself where d is even, else a copy with a zero after each row.
   const Pair* k;
   int64_t ldk;
-  // Vᵀ in pairs of consecutive keys, a row per feature: batch entry b's
-  // feature c, pair t at vp[(b · dv + c) · m2 + t], packed below each
-  // entry's longest length.
-  const Pair* vp;
+  // V, packed by each thread for the entries it runs (pack_values): entry
+  // b's rows below longest[b]; m2 = pairs_of(m), a row of its Vᵀ.
+  const BF16* v;
+  const int64_t* longest;
   int64_t m2;
   RowLengths lens;
   float scale;
@@ -50,6 +50,44 @@ struct Bf16ForwardArgs {
   float* lse;
   int64_t kb;  // the key block: even
 };
+
+// Pairs of keys that pack_values makes into rows before transposing them:
+// 32 KiB a thread at dv = 128. Rows of every pair of an entry (2 MiB at m =
+// 8192), beside a Vᵀ of every entry made before the threads start, were
+// freed with the call's other buffers, past the point where glibc gives its
+// heap back to Linux, and page-faulted in again at the next call.
+constexpr int64_t kPackedPairs = 64;
+
+// Batch entry b's values below `longest` as Vᵀ in pairs of consecutive keys
+// (the last one paired with a zero where `longest` is odd: no key past it
+// is read) into vt (dv rows of m2 pairs), made kPackedPairs at a time as
+// rows of pairs in `rows` (kPackedPairs × dv) and transposed.
+void pack_values(const BF16* v, const Dims& s, int64_t b, int64_t longest, int64_t m2, Pair* rows,
+                 Pair* vt) {
+  const int64_t pairs = pairs_of(longest);
+  for (int64_t t0 = 0; t0 < pairs; t0 += kPackedPairs) {
+    const int64_t count = std::min(kPackedPairs, pairs - t0);
+    for (int64_t t = t0; t < t0 + count; ++t) {
+      const BF16* first = v + (b * s.m + 2 * t) * s.dv;
+      pair_rows(first, 2 * t + 1 < longest ? first + s.dv : nullptr, s.dv, rows + (t - t0) * s.dv,
+                s.dv);
+    }
+    transpose_pair_matrix(rows, s.dv, count, s.dv, vt + t0, m2);
+  }
+}
+
+// Batch entry b's keys below `longest` in rows of pairs of features (ldk
+// pairs), where d is odd.
+void pack_odd_keys(const BF16* k, const Dims& s, int64_t b, int64_t longest, int64_t ldk,
+                   Pair* kp) {
+  for (int64_t j = 0; j < longest; ++j) {
+    const BF16* row = k + (b * s.m + j) * s.d;
+    Pair* out = kp + (b * s.m + j) * ldk;
+    for (int64_t c = 0; c < ldk; ++c) {
+      out[c] = make_pair(row[2 * c], 2 * c + 1 < s.d ? row[2 * c + 1] : BF16(0.0f));
+    }
+  }
+}
 
 // One thread's state for a block of W query rows, held transposed (a query
 // is a column), as the float kernel's Bf16ForwardScratch.
@@ -59,6 +97,10 @@ struct Bf16ForwardScratch {
   std::unique_ptr<Pair[]> pt;   // Pᵀ in pairs of keys (kb / 2 × W)
   std::unique_ptr<float[]> ot;  // Oᵀ accumulated (dv × W)
   std::unique_ptr<Pair[]> ob;   // Oᵀ normalised, rounded, in pairs of features (dv / 2 × W)
+  // Vᵀ of batch entry `entry` in pairs of consecutive keys, a row of m2
+  // pairs per feature (pack_values), and the rows it is made from.
+  int64_t entry = -1;
+  std::unique_ptr<Pair[]> vt, rows;
   // Per query, its valid keys in the key block: [lower, limit), lower only
   // with bands (Note [Bands of keys]).
   alignas(64) float lower[W], limit[W];
@@ -70,7 +112,9 @@ struct Bf16ForwardScratch {
         st(uninitialized_buffer<float>(a.kb * W)),
         pt(uninitialized_buffer<Pair>(a.kb / 2 * W)),
         ot(uninitialized_buffer<float>(a.s.dv * W)),
-        ob(uninitialized_buffer<Pair>(pairs_of(a.s.dv) * W)) {}
+        ob(uninitialized_buffer<Pair>(pairs_of(a.s.dv) * W)),
+        vt(uninitialized_buffer<Pair>(a.s.dv * a.m2)),
+        rows(uninitialized_buffer<Pair>(kPackedPairs * a.s.dv)) {}
 };
 
 // Sᵀ = K Qᵀ for keys [j0, j0 + kc), the exponentials relative to each
@@ -161,7 +205,7 @@ void attend_key_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b
     (V::loadu(ot + c * W + S) * corr1).store(ot + c * W + S);
   }
   // Oᵀ += Vᵀ Pᵀ: a row of Vᵀ per feature, Pᵀ one tile of queries wide.
-  gemm_bf16(s.dv, 1, pairs_of(kc), a.vp + b * s.dv * a.m2 + j0 / 2, a.m2, pt, W, 0, ot, W, true);
+  gemm_bf16(s.dv, 1, pairs_of(kc), w.vt.get() + j0 / 2, a.m2, pt, W, 0, ot, W, true);
 }
 
 // Query rows [i0, i0 + rows) of batch entry b, rows <= W.
@@ -178,13 +222,18 @@ void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, i
     start = key_span(a.lens, s, b, i0, rows).first / 2 * 2;
     latest = *std::max_element(w.first, w.first + rows);
   }
+  if (w.entry != b) {
+    pack_values(a.v, s, b, a.longest[b], a.m2, w.rows.get(), w.vt.get());
+    w.entry = b;
+  }
   transpose_pairs(a.q + (b * s.n + i0) * s.d, rows, s.d, W, w.qt.get());
   std::fill_n(w.ot.get(), s.dv * W, 0.0f);
   std::fill_n(w.row_max, W, -std::numeric_limits<float>::infinity());
   std::fill_n(w.row_sum, W, 0.0f);
-  for (int64_t j0 = start; j0 < longest; j0 += a.kb) {
-    const int64_t kc = std::min(a.kb, longest - j0);
-    const bool all_valid = rows == W && shortest - j0 >= kc && latest <= j0;
+  for (int64_t j0 = start, j1; j0 < longest; j0 = j1) {
+    j1 = key_block_end(a.lens.banded(), j0, a.kb, latest, shortest, longest, 2);
+    const int64_t kc = j1 - j0;
+    const bool all_valid = rows == W && shortest >= j1 && latest <= j0;
     for (int64_t c = 0; c < W; ++c) {
       w.limit[c] = static_cast<float>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
     }
@@ -223,29 +272,6 @@ void forward_block(const Bf16ForwardArgs& a, Bf16ForwardScratch& w, int64_t b, i
   }
 }
 
-// Batch entry b's keys below `longest` packed as the products read them: Vᵀ
-// in pairs of consecutive keys (the last one paired with a zero where
-// `longest` is odd: no key past it is read), made as rows of pairs in
-// `rows` (pairs_of(longest) × dv) and transposed; and K's rows in pairs of
-// features where d is odd.
-void pack_keys(const BF16* k, const BF16* v, const Dims& s, int64_t b, int64_t longest,
-               int64_t m2, int64_t ldk, Pair* rows, Pair* vp, Pair* kp) {
-  const int64_t pairs = pairs_of(longest);
-  for (int64_t t = 0; t < pairs; ++t) {
-    const BF16* first = v + (b * s.m + 2 * t) * s.dv;
-    pair_rows(first, 2 * t + 1 < longest ? first + s.dv : nullptr, s.dv, rows + t * s.dv, s.dv);
-  }
-  transpose_pair_matrix(rows, s.dv, pairs, s.dv, vp + b * s.dv * m2, m2);
-  if (kp == nullptr) return;
-  for (int64_t j = 0; j < longest; ++j) {
-    const BF16* row = k + (b * s.m + j) * s.d;
-    Pair* out = kp + (b * s.m + j) * ldk;
-    for (int64_t c = 0; c < ldk; ++c) {
-      out[c] = make_pair(row[2 * c], 2 * c + 1 < s.d ? row[2 * c + 1] : BF16(0.0f));
-    }
-  }
-}
-
 }  // namespace
 
 void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::TensorBase& k,
@@ -275,19 +301,18 @@ void dot_product_attention_bf16_forward(const at::TensorBase& q, const at::Tenso
   const int64_t ldk = pairs_of(s.d), m2 = pairs_of(s.m);
   const auto* kd = static_cast<const BF16*>(k.data_ptr());
   const auto* vd = static_cast<const BF16*>(v.data_ptr());
-  const auto vp = uninitialized_buffer<Pair>(s.B * m2 * s.dv);
   const auto kp = s.d % 2 == 1 ? uninitialized_buffer<Pair>(s.B * s.m * ldk) : nullptr;
-  at::parallel_for(0, s.B, grain_for(s.m * (s.d + s.dv)), [&](int64_t b0, int64_t b1) {
-    const auto rows = uninitialized_buffer<Pair>(m2 * s.dv);
-    for (int64_t b = b0; b < b1; ++b) {
-      pack_keys(kd, vd, s, b, batch_longest[b], m2, ldk, rows.get(), vp.get(), kp.get());
-    }
-  });
+  if (kp) {
+    at::parallel_for(0, s.B, grain_for(s.m * s.d), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) pack_odd_keys(kd, s, b, batch_longest[b], ldk, kp.get());
+    });
+  }
   const Bf16ForwardArgs args{s,
                              static_cast<const BF16*>(q.data_ptr()),
                              kp ? kp.get() : reinterpret_cast<const Pair*>(kd),
                              ldk,
-                             vp.get(),
+                             vd,
+                             batch_longest.data(),
                              m2,
                              row_lens,
                              static_cast<float>(scale),

@@ -26,9 +26,10 @@
 // float kernel's block path: Sᵀ = K Qᵀ with Qᵀ packed per block in pairs of
 // features; the mask, maxima, exponentials and sums on float Sᵀ; Pᵀ rounded
 // to bfloat16 in pairs of keys (two keys' exponentials interleaved as they
-// are made); Oᵀ += Vᵀ Pᵀ with V packed once per call in pairs of keys (a
-// copy the size of V, below each batch entry's longest length: packing it
-// per block cost more than the block's products). Oᵀ is float until it is
+// are made); Oᵀ += Vᵀ Pᵀ with V packed in pairs of keys once per batch entry
+// by each thread that runs blocks of it (below the entry's longest length,
+// into the thread's buffer: packing it per block cost more than the
+// block's products). Oᵀ is float until it is
 // divided by the sum and rounded; lse is float. The backward is the float
 // kernel's block path too, parallel over (batch entry, key block), with
 // query blocks of 96 rows (48 pairs: the products over queries run 48

@@ -42,9 +42,12 @@ struct ForwardScratch {
   alignas(64) T lower[W], limit[W];
   alignas(64) T row_max[W], row_sum[W];
   std::vector<int64_t> first, len;  // per query: its band (first 0 without bands)
-  // The block's first visited key, where block_max's key blocks start.
-  int64_t start = 0;
-  std::vector<T> block_max;  // with weights: each key block's maximum, per query
+  // The block's keys: from its first visited key, in the key blocks of
+  // key_block_end; every row sees [latest, shortest), some up to longest.
+  int64_t start = 0, latest = 0, shortest = 0, longest = 0;
+  // With weights: each key block's maximum, per query (`blocks` a query).
+  int64_t blocks;
+  std::vector<T> block_max;
   // A bfloat16 call's: the thread's batch entry `entry`, its keys and values
   // up to its longest length widened to float (once for all its blocks of
   // queries that the thread runs), and a block's queries and output rows.
@@ -57,6 +60,7 @@ struct ForwardScratch {
         ot(uninitialized_buffer<T>(s.dv * W)),
         first(W),
         len(W),
+        blocks(key_blocks),
         block_max(W * key_blocks) {}
 };
 
@@ -199,17 +203,17 @@ template <typename T, typename In, typename Out>
 void finish_weights(const ForwardArgs<T, In, Out>& a, const ForwardScratch<T>& w, int64_t b,
                     int64_t i0, int64_t rows) {
   const Dims& s = a.s;
-  const int64_t key_blocks = div_up(s.m, a.kb);
   for (int64_t c = 0; c < rows; ++c) {
     T* weights = a.weights + (b * s.n + i0 + c) * s.m;
     const int64_t first = w.first[c], len = w.len[c];
     // The visited key blocks begin at w.start, at or before the row's first key.
-    for (int64_t j0 = w.start; j0 < len; j0 += a.kb) {
-      const int64_t from = std::max(j0, first), to = std::min(j0 + a.kb, len);
+    int64_t block = 0;
+    for (int64_t j0 = w.start, j1; j0 < len; j0 = j1, ++block) {
+      j1 = key_block_end(a.lens.banded(), j0, a.kb, w.latest, w.shortest, w.longest, 1);
+      const int64_t from = std::max(j0, first), to = std::min(j1, len);
       if (from >= to) continue;
       const T factor =
-          FlashExp<T>::exp(w.block_max[c * key_blocks + (j0 - w.start) / a.kb] - w.row_max[c]) /
-          w.row_sum[c];
+          FlashExp<T>::exp(w.block_max[c * w.blocks + block] - w.row_max[c]) / w.row_sum[c];
       scale_row(weights + from, to - from, factor);
     }
     std::fill(weights, weights + first, T(0));
@@ -235,6 +239,9 @@ void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64
     latest = std::max(latest, w.first[c]);
   }
   w.start = longest == 0 ? 0 : earliest;
+  w.latest = latest;
+  w.shortest = shortest;
+  w.longest = longest;
   if constexpr (std::is_same_v<In, T>) {
     pack_transposed(a.q + (b * s.n + i0) * s.d, rows, s.d, w.qt.get());
   } else {
@@ -249,12 +256,13 @@ void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64
   if (longest == 0) std::fill_n(w.ot.get(), s.dv * W, T(0));
   std::fill_n(w.row_max, W, -std::numeric_limits<T>::infinity());
   std::fill_n(w.row_sum, W, T(0));
-  const int64_t key_blocks = div_up(s.m, a.kb);
-  for (int64_t j0 = w.start; j0 < longest; j0 += a.kb) {
-    const int64_t kc = std::min(a.kb, longest - j0);
+  int64_t block = 0;
+  for (int64_t j0 = w.start, j1; j0 < longest; j0 = j1, ++block) {
+    j1 = key_block_end(a.lens.banded(), j0, a.kb, latest, shortest, longest, 1);
+    const int64_t kc = j1 - j0;
     // Every query of the block sees every key of this one (rows past the
     // block's end have length 0, so a partial block always masks).
-    const bool all_valid = rows == W && shortest - j0 >= kc && latest <= j0;
+    const bool all_valid = rows == W && shortest >= j1 && latest <= j0;
     for (int64_t c = 0; c < W; ++c) {
       w.limit[c] = static_cast<T>(std::clamp<int64_t>(w.len[c] - j0, 0, kc));
     }
@@ -267,7 +275,7 @@ void forward_block(const ForwardArgs<T, In, Out>& a, ForwardScratch<T>& w, int64
     if (a.weights != nullptr) {
       write_weights(a, w, b, i0, rows, j0, kc);
       for (int64_t c = 0; c < rows; ++c) {
-        w.block_max[c * key_blocks + (j0 - w.start) / a.kb] = w.row_max[c];
+        w.block_max[c * w.blocks + block] = w.row_max[c];
       }
     }
   }
@@ -345,7 +353,8 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
         for (int64_t i = i0; i < i0 + rows; ++i) forward_row(args, *row_scratch, b, i);
       } else {
         if (!scratch) {
-          scratch.emplace(s, args.kb, args.weights != nullptr ? div_up(s.m, args.kb) : 0);
+          // key_block_end's cuts add at most two blocks to a span's.
+          scratch.emplace(s, args.kb, args.weights != nullptr ? div_up(s.m, args.kb) + 2 : 0);
         }
         forward_block(args, *scratch, b, i0, rows);
       }

@@ -171,6 +171,23 @@ inline KeySpan key_span(const RowLengths& lens, const Dims& s, int64_t b, int64_
   return span.end == 0 ? KeySpan{} : span;
 }
 
+// With bands, the end of a block of rows' key block that starts at j0: at
+// most kb keys, cut where the rows stop differing, at `latest` (the last of
+// their first keys) and at `shortest` (the first of their ends), each made
+// a multiple of `align` (key pairs: 2). Only the keys before latest and
+// from shortest on are then masked (Note [Bands of keys]): a window of 512
+// over blocks of 32 rows masks 62 of each block's 543 keys, not the
+// 256-key blocks around them. Without bands, whole kb blocks from 0.
+inline int64_t key_block_end(bool banded, int64_t j0, int64_t kb, int64_t latest, int64_t shortest,
+                             int64_t longest, int64_t align) {
+  int64_t end = std::min(j0 + kb, longest);
+  if (!banded) return end;
+  const int64_t head = (latest + align - 1) / align * align, body = shortest / align * align;
+  if (j0 < head) return std::min(end, head);
+  if (j0 < body) return std::min(end, body);
+  return end;
+}
+
 // --------------------------------------------- the arguments of each pass
 
 // In: the operands' type, T itself or bfloat16 (read in place by the rows,

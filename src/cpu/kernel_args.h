@@ -58,6 +58,14 @@ inline torch::Tensor empty_output_like(const torch::Tensor& t) {
   return empty_output(t.sizes(), t.options());
 }
 
+/// t.contiguous(), in t's autograd graph, with a copy of at least
+/// kHugePageOutputBytes made into empty_output's memory: a transposed input
+/// that large (packed sequences' (T, H, E) rows, a (B, L, H, E) view) is
+/// otherwise copied into memory fresh from mmap each call, whose first touch
+/// costs a page fault per 4 KiB (33.5 MB: 13 ms on 4 KiB pages, 3 ms on
+/// 2 MiB ones, on the Intel AMX VM).
+torch::Tensor contiguous_input(const torch::Tensor& t);
+
 /// `t` in `dtype`, without a dispatcher round trip when it already is.
 inline torch::Tensor as_dtype(const torch::Tensor& t, torch::ScalarType dtype) {
   return t.scalar_type() == dtype ? t : t.to(dtype);
