@@ -230,6 +230,50 @@ TEST(MultiHeadAttentionCache, BuffersGrowByDoublingAndKeepThePast) {
   EXPECT_FALSE(cache.keys().defined());
 }
 
+// Beam search's reorder: each select_rows writes into the buffers of the
+// cache two reorders back once nothing else holds them, and never into a
+// buffer a cache, a copy or a view still holds.
+TEST(MultiHeadAttentionCache, SelectRowsReusesOnlyBuffersNothingElseHolds) {
+  torch::NoGradGuard no_grad;
+  auto m = cache_module(8, 2, false, torch::kFloat);
+  const auto step = [&](d2l::MultiHeadAttentionCache& c) {
+    m->extend_cache(c, torch::randn({3, 1, kKeySize}), torch::randn({3, 1, kValueSize}));
+  };
+  d2l::MultiHeadAttentionCache cache;
+  step(cache);
+  step(cache);  // 2 keys in buffers of 8
+  const auto index = torch::tensor({2, 0, 0}, torch::kLong);
+  std::vector<const void*> data;
+  for (int t = 0; t < 5; ++t) {  // a beam's loop: the cache before each reorder dropped
+    const auto keys = cache.keys().index_select(0, index);
+    const auto values = cache.values().index_select(0, index);
+    cache = cache.select_rows(index);
+    EXPECT_TRUE(torch::equal(cache.keys(), keys)) << t;
+    EXPECT_TRUE(torch::equal(cache.values(), values)) << t;
+    data.push_back(cache.keys().data_ptr());
+    step(cache);
+  }
+  EXPECT_EQ(std::set<const void*>(data.begin(), data.end()).size(), 2u);
+  EXPECT_NE(data[0], data[1]);
+  EXPECT_EQ(data[1], data[3]);
+  // A copy held on to: neither its buffers nor the spares it shares are written.
+  const auto kept = cache;
+  const auto kept_keys = kept.keys().clone();
+  auto first = cache.select_rows(index);
+  auto second = first.select_rows(index);
+  EXPECT_TRUE(torch::equal(kept.keys(), kept_keys));
+  EXPECT_NE(second.keys().data_ptr(), kept.keys().data_ptr());
+  // A tensor sharing the memory of a cache that is gone (a detached view:
+  // no handle on the buffer, only its storage) keeps the buffer from reuse.
+  const auto view = second.keys().detach();
+  const auto view_values = view.clone();
+  auto third = second.select_rows(index);
+  second = d2l::MultiHeadAttentionCache();
+  const auto fourth = third.select_rows(index);
+  EXPECT_TRUE(torch::equal(view, view_values));
+  EXPECT_NE(fourth.keys().data_ptr(), view.data_ptr());
+}
+
 TEST(MultiHeadAttentionCache, DropoutInTrainingDrawsAsForwardDraws) {
   // Small heads (4 features, 3 x 20), then the per-head path (32, 40 x 40).
   for (const auto& [hiddens, n, m_keys] :

@@ -298,6 +298,10 @@ class MultiHeadAttentionCache {
   /// A cache of the batch rows `index` of this one ((R) int64 on the
   /// buffers' device; rows may repeat), with buffers of its own of the same
   /// capacity: beam search reorders its hypotheses' keys and values this way.
+  /// The new cache keeps this one's buffers as its spares: when it is
+  /// selected from in turn and nothing else refers to them any more (this
+  /// cache, its views and copies gone), the rows go into them rather than
+  /// into fresh memory, so a beam's steps alternate between two buffers.
   MultiHeadAttentionCache select_rows(const torch::Tensor& index) const;
   /// Forgets every key (the buffers go too).
   void clear();
@@ -315,6 +319,8 @@ class MultiHeadAttentionCache {
   friend struct detail::MultiHeadAttentionCacheAccess;
   /// (B, capacity, num_hiddens), rows [0, length_) filled.
   torch::Tensor keys_, values_;
+  /// The buffers of the cache this one was selected from (select_rows).
+  torch::Tensor spare_keys_, spare_values_;
   int64_t length_ = 0;
   /// The projections' parameters that filled the cache, as they were then
   /// (Note [Caches keyed on weights]): a cache used with other or changed

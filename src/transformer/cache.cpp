@@ -53,7 +53,8 @@ std::shared_ptr<DecoderCache> TransformerDecoderCache::select_rows(const Decoder
     if (i >= state.key_values.size() || !block->serves(state.key_values[i])) continue;
     auto fresh = std::make_shared<BlockCache>();
     if (block->length > 0) {
-      fresh->inputs = gather_rows(block->inputs, index, block->length);
+      fresh->inputs = gather_rows(block->inputs, index, block->length, block->spare_inputs);
+      fresh->spare_inputs = block->inputs;
       fresh->length = block->length;
       selected.key_values[i] = fresh->filled_inputs();
     }

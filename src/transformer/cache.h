@@ -39,6 +39,10 @@ struct BlockCache {
   /// (B, capacity, num_hiddens): the block's inputs; rows [0, length) filled.
   torch::Tensor inputs;
   int64_t length = 0;
+  /// The inputs buffer of the block this one was selected from: the next
+  /// select_rows writes into it once nothing else refers to it
+  /// (gather_rows), so a beam's steps alternate between two buffers.
+  torch::Tensor spare_inputs;
   /// The self-attention's keys and values of those inputs.
   MultiHeadAttentionCache self_attention;
   /// The encoder outputs that cross_attention was projected from.
