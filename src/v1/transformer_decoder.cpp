@@ -2,20 +2,44 @@
 // TransformerDecoderBlock and TransformerDecoder, the book's code with the
 // checks of the state they are handed back.
 
+#include <d2l/scaled_dot_product_attention.h>
 #include <d2l/v1/transformer.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <utility>
 
+#include "../attention_weights.h"
 #include "../checked_load.h"
 #include "../checks.h"
 #include "../lazy_internal.h"
+#include "../multi_head_attention_cache_internal.h"
 #include "../seq2seq/sequence_checks.h"
+#include "../transformer/cache.h"
 #include "../transformer/options.h"
 #include "transformer_internal.h"
+
+// Note [The 1.0 decoder's step cache]
+// The book's 1.0 TransformerDecoderBlock keeps each block's inputs so far
+// (state[2][i]) and passes them all through the self-attention's W_k and W_v
+// again at every step, and the encoder's outputs through the
+// encoder-decoder attention's W_k and W_v: a step's cost grows with the
+// steps before it. In evaluation mode, without autograd, and where no
+// attention weights are recorded (d2l::generate without return_attention,
+// or modules whose record_attention_weights is off), a block keeps instead
+// what the 0.17 decoder keeps (Note [The decoder's step cache] in
+// src/transformer/cache.h): its inputs in a buffer that grows by doubling,
+// their keys and values projected once, and the encoder's projected once per
+// decoding, in the same TransformerDecoderCache, so that d2l::select_rows
+// reorders them for beam search. A step projects its own rows and attends
+// over the cached rows with scaled_dot_product_attention, heads as the
+// book's transpose_qkv splits them (a source with no valid step gets zero
+// weights there, as from the library's masked_softmax). Elsewhere
+// (training, autograd, weights recorded for heatmaps) the book's code runs.
 
 namespace d2l::v1 {
 namespace {
@@ -58,6 +82,107 @@ void check_key_values(const char* fn, const DecoderState& state, int64_t i,
                           fn, i, X.size(0), X.size(2), shape_of(past)));
   d2l::detail::check_same_dtype(fn, "X", X, "state.key_values[i]", past);
   d2l::detail::check_same_device(fn, "X", X, "state.key_values[i]", past);
+}
+
+// Appends K and V (B, s, num_hiddens), already projected, to `cache`,
+// doubling its buffers (at least 8 rows) when full.
+void append_projected(MultiHeadAttentionCache& cache, const torch::Tensor& K,
+                      const torch::Tensor& V) {
+  using Access = d2l::detail::MultiHeadAttentionCacheAccess;
+  auto& keys = Access::keys(cache);
+  auto& values = Access::values(cache);
+  auto& length = Access::length(cache);
+  const int64_t steps = K.size(1), needed = length + steps;
+  if (!keys.defined() || needed > keys.size(1)) {
+    const int64_t capacity = std::max<int64_t>({needed, keys.defined() ? 2 * keys.size(1) : 0, 8});
+    const auto grow = [&](torch::Tensor& buffer, const torch::Tensor& like) {
+      auto grown = torch::empty({like.size(0), capacity, like.size(2)}, like.options());
+      if (length > 0) grown.narrow(1, 0, length).copy_(buffer.narrow(1, 0, length));
+      buffer = std::move(grown);
+    };
+    grow(keys, K);
+    grow(values, V);
+  }
+  keys.narrow(1, length, steps).copy_(K);
+  values.narrow(1, length, steps).copy_(V);
+  length = needed;
+}
+
+// The cache of K and V projected by m's W_k and W_v.
+MultiHeadAttentionCache projected(MultiHeadAttentionImpl& m, const torch::Tensor& K,
+                                  const torch::Tensor& V) {
+  MultiHeadAttentionCache cache;
+  append_projected(cache, m.W_k(K), m.W_v(V));
+  return cache;
+}
+
+// The book's MultiHeadAttention.forward after W_k and W_v, on a cache of
+// their outputs: queries (B, n, q), valid_lens (B) or undefined.
+torch::Tensor attend_cached(MultiHeadAttentionImpl& m, const torch::Tensor& queries,
+                            const MultiHeadAttentionCache& cache, const torch::Tensor& valid_lens) {
+  const int64_t B = queries.size(0), n = queries.size(1), t = cache.size();
+  const int64_t heads = m.num_heads, width = m.num_hiddens / heads;
+  const auto split = [&](const torch::Tensor& x, int64_t steps) {
+    return x.view({B, steps, heads, width}).transpose(1, 2);
+  };
+  nn::functional::ScaledDotProductAttentionFuncOptions options;
+  if (valid_lens.defined()) {
+    options.attn_mask(
+        torch::arange(t, valid_lens.options().dtype(torch::kLong)).view({1, 1, 1, t}) <
+        valid_lens.view({B, 1, 1, 1}));
+  }
+  const auto out = nn::functional::scaled_dot_product_attention(
+      split(m.W_q(queries), n), split(cache.keys(), t), split(cache.values(), t), options);
+  return m.W_o(out.transpose(1, 2).reshape({B, n, m.num_hiddens}));
+}
+
+// Whether the block's attention runs on the step cache (Note [The 1.0
+// decoder's step cache]).
+bool uses_step_cache(const TransformerDecoderBlockImpl& block) {
+  const auto records = [](const MultiHeadAttention& m) {
+    return d2l::detail::records_weights(m->attention->options.record_attention_weights());
+  };
+  return !block.is_training() && !torch::GradMode::is_enabled() && !records(block.attention1) &&
+         !records(block.attention2) && !has_uninitialized_params(block);
+}
+
+// Note [The 1.0 decoder's step cache]: the book's numbers, up to rounding.
+std::tuple<torch::Tensor, DecoderState> forward_cached(TransformerDecoderBlockImpl& blk,
+                                                       const torch::Tensor& X,
+                                                       const DecoderState& state) {
+  const auto slot = static_cast<size_t>(blk.i);
+  const auto& past = state.key_values[slot];
+  DecoderState next = state;
+  auto* old = dynamic_cast<const d2l::detail::TransformerDecoderCache*>(state.cache.get());
+  auto cache = old ? std::make_shared<d2l::detail::TransformerDecoderCache>(*old)
+                   : std::make_shared<d2l::detail::TransformerDecoderCache>();
+  if (cache->blocks.size() <= slot) cache->blocks.resize(slot + 1);
+  auto& block = cache->blocks[slot];
+  if (!block || !block->serves(past)) {
+    auto fresh = std::make_shared<d2l::detail::BlockCache>();
+    if (block) {  // The encoder's projections do not depend on the branch.
+      fresh->cross_source = block->cross_source;
+      fresh->cross_attention = block->cross_attention;
+    }
+    if (past.defined()) {
+      fresh->append_inputs(past);
+      fresh->self_attention = projected(*blk.attention1, past, past);
+    }
+    block = std::move(fresh);
+  }
+  block->append_inputs(X);
+  next.key_values[slot] = block->filled_inputs();
+  append_projected(block->self_attention, blk.attention1->W_k(X), blk.attention1->W_v(X));
+  // In evaluation the book gives the self-attention no mask.
+  const auto Y = blk.addnorm1(X, attend_cached(*blk.attention1, X, block->self_attention, {}));
+  if (!block->cross_source.is_same(state.enc_outputs)) {
+    block->cross_attention = projected(*blk.attention2, state.enc_outputs, state.enc_outputs);
+    block->cross_source = state.enc_outputs;
+  }
+  const auto Y2 = attend_cached(*blk.attention2, Y, block->cross_attention, state.enc_valid_lens);
+  next.cache = std::move(cache);
+  const auto Z = blk.addnorm2(Y, Y2);
+  return {blk.addnorm3(Z, blk.ffn(Z)), std::move(next)};
 }
 
 }  // namespace
@@ -112,6 +237,7 @@ std::tuple<torch::Tensor, DecoderState> TransformerDecoderBlockImpl::forward_che
   detail::check_hidden_input(fn, X, num_hiddens);
   if (check_encoder) check_encoder_state(fn, state, X.size(0), X);
   check_key_values(fn, state, i, X);
+  if (uses_step_cache(*this)) return forward_cached(*this, X, state);
   const auto slot = static_cast<size_t>(i);
   const auto& past = state.key_values[slot];
   DecoderState next = state;
