@@ -1,10 +1,13 @@
-// d2l::v1::TransformerDecoder's step cache (Note [The 1.0 decoder's step
-// cache] in src/v1/transformer_decoder.cpp): with no attention weights
-// recorded, evaluation steps without autograd give the outputs and states of
-// the book's code (which runs when weights are recorded), through beam
-// reorders, branches and sources with no valid step.
+// d2l 1.0's decoders' caches. TransformerDecoder's step cache (Note [The
+// 1.0 decoder's step cache] in src/v1/transformer_decoder.cpp): with no
+// attention weights recorded, evaluation steps without autograd give the
+// outputs and states of the book's code (which runs when weights are
+// recorded), through beam reorders, branches and sources with no valid
+// step. Seq2SeqAttentionDecoder's projected keys: made once a decoding
+// without autograd, never used with it.
 
 #include <d2l/generate.h>
+#include <d2l/v1/seq2seq.h>
 #include <d2l/v1/transformer.h>
 #include <gtest/gtest.h>
 
@@ -139,6 +142,49 @@ TEST(V1DecoderStepCache, TrainingAutogradAndRecordedWeightsRunTheBooksCode) {
   net.decoder->train();
   torch::NoGradGuard no_grad;
   EXPECT_EQ(std::get<1>(step(net, tokens, cached, true)).cache, nullptr);
+}
+
+TEST(V1AttentionDecoderKeys, ProjectedOnceWithoutAutogradAndNeverWithIt) {
+  torch::manual_seed(5);
+  d2l::v1::Seq2SeqEncoder encoder(kSrcVocab, 8, 16, 2);
+  d2l::v1::Seq2SeqAttentionDecoder decoder(kTgtVocab, 8, 16, 2);
+  encoder->eval();
+  decoder->eval();
+  const auto lens = torch::tensor({7, 4, 2}, torch::kLong);
+  const auto X = torch::randint(kSrcVocab, {kBatch, kSrcSteps}, torch::kLong);
+  const auto first = decoder->init_state(encoder->forward(X, lens), lens);
+  // Without autograd (the cache) and with it (the book's projection at every
+  // call): the same numbers, to the bit.
+  const auto run = [&](d2l::DecoderState& state, const torch::Tensor& tokens, bool grad) {
+    torch::AutoGradMode mode(grad);
+    auto [Y, next] = decoder->forward(tokens, state);
+    state = std::move(next);
+    return Y.detach();
+  };
+  d2l::DecoderState cached = first, book = first;
+  std::shared_ptr<d2l::DecoderCache> made;
+  for (int s = 0; s < 4; ++s) {
+    if (s == 2) {  // a beam's reorder
+      const auto index = torch::tensor({2, 0, 0}, torch::kLong);
+      cached = d2l::select_rows(cached, index, /*same_sources=*/false);
+      book = d2l::select_rows(book, index, false);
+      made = cached.cache;
+    }
+    const auto tokens = torch::randint(kTgtVocab, {kBatch, 1}, torch::kLong);
+    EXPECT_TRUE(torch::equal(run(cached, tokens, false), run(book, tokens, true))) << "step " << s;
+    ASSERT_NE(cached.cache, nullptr);
+    // Made at the first step, then kept (a reorder selects its rows).
+    if (s == 0) made = cached.cache;
+    EXPECT_EQ(cached.cache, made) << "step " << s;
+    EXPECT_EQ(book.cache, nullptr);
+  }
+  // With autograd, a state holding the cache: W_k gets its gradient.
+  decoder->zero_grad();
+  torch::AutoGradMode grad(true);
+  std::get<0>(decoder->forward(torch::zeros({kBatch, 1}, torch::kLong), cached)).sum().backward();
+  const auto& g = decoder->attention->W_k->weight.grad();
+  ASSERT_TRUE(g.defined());
+  EXPECT_GT(g.abs().sum().item<double>(), 0.0);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include "attention_weights.h"
 #include "checked_load.h"
 #include "checks.h"
+#include "seq2seq/attention_keys_cache.h"
 #include "seq2seq/sequence_checks.h"
-#include "weight_signature.h"
 
 namespace d2l {
 namespace {
@@ -50,40 +50,16 @@ void check_attention_state(const char* fn, const DecoderState& state, int64_t ba
                        "state.enc_outputs");
 }
 
-// The attention's keys, W_k(enc_outputs), projected once by init_state: the
-// keys never change while a sequence is decoded, unless W_k does (Note
-// [Caches keyed on weights]: checked at every step but for its bytes).
-struct AttentionKeysCache : DecoderCache {
-  torch::Tensor source, projected_keys;
-  detail::WeightSignature weights;
-
-  // The keys of the selected rows (kept with same_sources: a source's rows
-  // have the same keys), for the selected enc_outputs.
-  std::shared_ptr<DecoderCache> select_rows(const DecoderState& state, const torch::Tensor& index,
-                                            DecoderState& selected,
-                                            bool same_sources) const override {
-    if (!source.is_same(state.enc_outputs)) return nullptr;
-    auto out = std::make_shared<AttentionKeysCache>(*this);
-    out->source = selected.enc_outputs;
-    if (!same_sources) out->projected_keys = projected_keys.index_select(0, index);
-    return out;
-  }
-};
-
 // The state's projected keys: its cache's when made from its enc_outputs,
 // else projected now (a state whose enc_outputs the caller replaced).
 torch::Tensor projected_keys(const char* fn, const DecoderState& state,
                              AdditiveAttention attention) {
-  const auto* cache = dynamic_cast<const AttentionKeysCache*>(state.cache.get());
+  const auto* cache = dynamic_cast<const detail::AttentionKeysCache*>(state.cache.get());
   TORCH_CHECK(cache != nullptr,
               fmt::format("{}: state must come from init_state: state.cache holds no projected "
                           "keys of this decoder (a state made by hand, or by another decoder?)",
                           fn));
-  if (cache->source.is_same(state.enc_outputs) &&
-      cache->weights.match({attention->W_k->weight}, /*values=*/false) ==
-          detail::WeightSignature::Match::kSame) {
-    return cache->projected_keys;
-  }
+  if (cache->serves(state.enc_outputs, attention->W_k->weight)) return cache->projected_keys;
   return attention->W_k(state.enc_outputs);
 }
 
@@ -221,10 +197,8 @@ DecoderState Seq2SeqAttentionDecoderImpl::init_state(const EncoderOutput& enc_ou
   state.enc_outputs = enc_outputs.outputs.permute({1, 0, 2});
   state.hidden_state = enc_outputs.hidden_state;
   state.enc_valid_lens = enc_valid_lens;
-  auto cache = std::make_shared<AttentionKeysCache>();
-  cache->source = state.enc_outputs;
-  cache->projected_keys = attention->W_k(state.enc_outputs);
-  cache->weights = detail::WeightSignature({attention->W_k->weight}, /*bytes=*/false);
+  auto cache = std::make_shared<detail::AttentionKeysCache>(
+      state.enc_outputs, attention->W_k(state.enc_outputs), attention->W_k->weight);
   // The deprecated field, still filled for readers until it goes.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"

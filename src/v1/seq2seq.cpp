@@ -18,6 +18,7 @@
 #include "../checked_load.h"
 #include "../checks.h"
 #include "../lazy_internal.h"
+#include "../seq2seq/attention_keys_cache.h"
 #include "../seq2seq/sequence_checks.h"
 
 namespace d2l::v1 {
@@ -266,9 +267,16 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
                        "state.enc_outputs");
   const auto& enc_outputs = state.enc_outputs;
   // The book's attention(query, enc_outputs, enc_outputs, enc_valid_lens) at
-  // every step, with the keys W_k(enc_outputs) projected once: the lazy
-  // layers take their widths as the first step's call would fix them.
-  const auto keys = attention->W_k(enc_outputs);
+  // every step, with the keys W_k(enc_outputs) projected once a call (the
+  // lazy layers take their widths as the first step's call would fix them),
+  // and without autograd once a decoding: kept in the state's cache, as the
+  // 0.17 decoder's init_state keeps them (1.0's makes the cache at the first
+  // step, when W_k has its width).
+  const auto* cache = dynamic_cast<const d2l::detail::AttentionKeysCache*>(state.cache.get());
+  const bool grad = torch::GradMode::is_enabled();
+  const bool cached =
+      !grad && cache != nullptr && cache->serves(enc_outputs, attention->W_k->weight);
+  const auto keys = cached ? cache->projected_keys : attention->W_k(enc_outputs);
   if (attention->w_v->has_uninitialized_params())
     attention->w_v->materialize(attention->num_hiddens);
   const auto embs = embedding(tokens).permute({1, 0, 2});
@@ -291,6 +299,10 @@ std::tuple<torch::Tensor, DecoderState> Seq2SeqAttentionDecoderImpl::forward(
   }
   DecoderState next = state;
   next.hidden_state = std::move(hidden_state);
+  if (!grad && !cached) {
+    next.cache = std::make_shared<d2l::detail::AttentionKeysCache>(enc_outputs, keys,
+                                                                   attention->W_k->weight);
+  }
   return {dense(torch::cat(outputs, 0)).permute({1, 0, 2}), std::move(next)};
 }
 
