@@ -125,7 +125,8 @@ TORCH_MODULE(Seq2SeqDecoder);
 /// The book's state (enc_outputs, hidden_state, enc_valid_lens) is
 /// DecoderState's fields of those names. The keys W_k(enc_outputs) are
 /// projected once per forward call, where the book projects them at every
-/// step: the same numbers.
+/// step, and without autograd once per decoding (kept in the returned
+/// state's cache from the first call): the same numbers.
 class Seq2SeqAttentionDecoderImpl : public torch::nn::Cloneable<Seq2SeqAttentionDecoderImpl>,
                                     public Decoder {
  public:

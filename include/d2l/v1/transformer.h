@@ -164,7 +164,11 @@ class TransformerDecoderBlockImpl : public torch::nn::Cloneable<TransformerDecod
   /// cat(state.key_values[i], X), stored back in the returned state. In
   /// training mode the self-attention masks with the book's dec_valid_lens =
   /// [1, ..., steps] per example; in evaluation mode it sees every key (one
-  /// step at a time when decoding).
+  /// step at a time when decoding). In evaluation mode without autograd,
+  /// where no attention weights are recorded (d2l::generate), the block
+  /// keeps its inputs and their projected keys and values in state.cache
+  /// (key_values[i] a view of them) and projects only X: the same outputs
+  /// up to rounding (docs/transformer.md).
   std::tuple<torch::Tensor, DecoderState> forward(const torch::Tensor& X,
                                                   const DecoderState& state);
 
