@@ -17,6 +17,7 @@
 #include "../checked_load.h"
 #include "../checks.h"
 #include "../lazy_internal.h"
+#include "../linear.h"
 #include "../multi_head_attention_cache_internal.h"
 #include "../seq2seq/sequence_checks.h"
 #include "../transformer/cache.h"
@@ -108,11 +109,19 @@ void append_projected(MultiHeadAttentionCache& cache, const torch::Tensor& K,
   length = needed;
 }
 
+// x through W, one of m's projections, as m's forward projects it
+// (detail::linear: the same kernels, whose rows' sums do not depend on the
+// rows beside them, so that a source decodes alone as in a batch).
+torch::Tensor project(const MultiHeadAttentionImpl& m, const LazyLinear& W,
+                      const torch::Tensor& x) {
+  return d2l::detail::linear(x, W->weight, W->bias, m.attention->options.backend());
+}
+
 // The cache of K and V projected by m's W_k and W_v.
 MultiHeadAttentionCache projected(MultiHeadAttentionImpl& m, const torch::Tensor& K,
                                   const torch::Tensor& V) {
   MultiHeadAttentionCache cache;
-  append_projected(cache, m.W_k(K), m.W_v(V));
+  append_projected(cache, project(m, m.W_k, K), project(m, m.W_v, V));
   return cache;
 }
 
@@ -132,8 +141,9 @@ torch::Tensor attend_cached(MultiHeadAttentionImpl& m, const torch::Tensor& quer
         valid_lens.view({B, 1, 1, 1}));
   }
   const auto out = nn::functional::scaled_dot_product_attention(
-      split(m.W_q(queries), n), split(cache.keys(), t), split(cache.values(), t), options);
-  return m.W_o(out.transpose(1, 2).reshape({B, n, m.num_hiddens}));
+      split(project(m, m.W_q, queries), n), split(cache.keys(), t), split(cache.values(), t),
+      options);
+  return project(m, m.W_o, out.transpose(1, 2).reshape({B, n, m.num_hiddens}));
 }
 
 // Whether the block's attention runs on the step cache (Note [The 1.0
@@ -172,7 +182,8 @@ std::tuple<torch::Tensor, DecoderState> forward_cached(TransformerDecoderBlockIm
   }
   block->append_inputs(X);
   next.key_values[slot] = block->filled_inputs();
-  append_projected(block->self_attention, blk.attention1->W_k(X), blk.attention1->W_v(X));
+  const auto& self = *blk.attention1;
+  append_projected(block->self_attention, project(self, self.W_k, X), project(self, self.W_v, X));
   // In evaluation the book gives the self-attention no mask.
   const auto Y = blk.addnorm1(X, attend_cached(*blk.attention1, X, block->self_attention, {}));
   if (!block->cross_source.is_same(state.enc_outputs)) {
