@@ -53,7 +53,8 @@ class ZipReader {
   const std::vector<ZipEntry>& entries() const { return entries_; }
   /// The entry named `name`, or nullptr.
   const ZipEntry* find(const std::string& name) const;
-  /// The entry's data, its CRC-32 checked: a view into the archive's bytes,
+  /// The entry's data, its CRC-32 checked unless the archive records 0 (not
+  /// computed, as torch.save writes it on request): a view into the archive's bytes,
   /// or, for a deflated entry, into the inflated copy that the reader keeps
   /// for as long as it lives (so a reader is not for concurrent use).
   std::string_view read(const ZipEntry& entry) const;
