@@ -139,8 +139,7 @@ TEST_P(SmallHeads, MatchTheCompositePathForwardAndBackward) {
       {3, 6, 6, 40, 40, 40, 40, 1},    // one head of 40 features
       {3, 5, 20, 6, 5, 4, 8, 2},       // more keys than a vector holds
       {3, 33, 40, 8, 8, 8, 8, 2},      // several vectors of keys, d = 4
-      // One query (a decoding step): its scores are dot products with the
-      // keys read in place, not a product with the keys packed transposed.
+      // One query (a decoding step).
       {3, 1, 7, 6, 5, 4, 8, 2},       // keys within a vector, d = 4
       {3, 1, 37, 24, 24, 24, 24, 2},  // several vectors of keys, d = 12
       {3, 1, 9, 12, 12, 12, 12, 4},   // d = 3: no whole vector

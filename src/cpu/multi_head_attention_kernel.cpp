@@ -169,26 +169,6 @@ void row_times_transposed(const T* row, const T* t, int64_t d, int64_t width, in
   }
 }
 
-// out[j] = row · x[j], j < len, the rows of x `ld` apart: a query's scores
-// against keys read in place, a dot product per key. For one query a head
-// (decoding from a cache) this costs less than packing the keys transposed,
-// which moves every key through registers once before its one use: beam 4
-// on 32 sources of the base Transformer spent 6 % of its decoding in that
-// packing.
-template <typename T>
-void row_times_rows(const T* row, const T* x, int64_t ld, int64_t d, int64_t len, T* out) {
-  using V = Vectorized<T>;
-  for (int64_t j = 0; j < len; ++j) {
-    const T* xj = x + j * ld;
-    V acc(T(0));
-    for (int64_t f = 0; f < d; f += V::size()) {
-      const int64_t r = std::min<int64_t>(V::size(), d - f);
-      acc = at::vec::fmadd(load_some(row + f, r), load_some(xj + f, r), acc);
-    }
-    out[j] = horizontal_sum(acc);
-  }
-}
-
 // softmax_row for one vector of scores (m <= S, 0 < len <= m), in registers,
 // with the same operations in the same order: the same bits. (GCC 12 warns
 // that the AVX-512 min and max inside softmax_exp read an uninitialised
@@ -257,40 +237,26 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
     // packing would otherwise cost more than the scores).
     int64_t longest = 0;
     for (int64_t i = 0; i < s.n; ++i) longest = std::max(longest, L.at(s, b, head, i));
-    constexpr int64_t S = Vectorized<T>::size();
-    const int64_t width = transposed_width<T>(std::max<int64_t>(longest, 1));
-    // One query: its keys' dot products in place (row_times_rows).
-    const bool packed = s.n > 1;
+    const int64_t width = transposed_width<T>(longest);
     scores.resize(width);
     kept.resize(s.m);
+    keys_t.resize(s.d * width);
     const int64_t e = b * s.heads + head;
     const T* kh = kp + b * s.m * s.h + head * s.d;
     const T* vh = vp + b * s.m * s.h + head * s.d;
-    if (packed) {
-      keys_t.resize(s.d * width);
-      pack_transposed_rows(kh, s.h, longest, s.d, keys_t.data());
-    }
-    const bool one_vector = longest <= S;
+    pack_transposed_rows(kh, s.h, longest, s.d, keys_t.data());
+    const bool one_vector = longest <= Vectorized<T>::size();
     for (int64_t i = 0; i < s.n; ++i) {
       const int64_t len = L.at(s, b, head, i);
       const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
       T* wi = wp + (e * s.n + i) * s.m;
       if (one_vector && len > 0) {
-        Vectorized<T> row_scores;
-        if (packed) {
-          row_scores = row_times_transposed(qi, keys_t.data(), s.d, width);
-        } else {
-          row_times_rows(qi, kh, s.h, s.d, len, scores.data());
-          row_scores = Vectorized<T>::loadu(scores.data());
-        }
-        softmax_vector(row_scores, wi, len, std::min(s.m, S), sc);
+        constexpr int64_t S = Vectorized<T>::size();
+        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d, width), wi, len,
+                       std::min(s.m, S), sc);
         if (s.m > S) std::fill(wi + S, wi + s.m, T(0));
       } else {
-        if (packed) {
-          row_times_transposed(qi, keys_t.data(), s.d, width, len, scores.data());
-        } else {
-          row_times_rows(qi, kh, s.h, s.d, len, scores.data());
-        }
+        row_times_transposed(qi, keys_t.data(), s.d, width, len, scores.data());
         softmax_row(scores.data(), wi, len, s.m, sc);
       }
       const T* p = wi;
