@@ -190,11 +190,24 @@ def read_ids(path):
         return [[int(t) for t in line.split()] for line in f]
 
 
+def peak_rss_bytes():
+    """The process's resident high-water mark (VmHWM of /proc/self/status; not getrusage's
+    ru_maxrss, which a child inherits from its parent across fork and exec); 0 if absent."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def report(sentences, outputs, load_s, decode_s):
     tokens = sum(len(o) for o in outputs)
     print("\n".join(" ".join(str(t) for t in o) for o in outputs))
-    print(json.dumps(dict(sentences=sentences, tokens=tokens, load_s=load_s, decode_s=decode_s)),
-          file=sys.stderr)
+    print(json.dumps(dict(sentences=sentences, tokens=tokens, load_s=load_s, decode_s=decode_s,
+                          peak_rss_bytes=peak_rss_bytes())), file=sys.stderr)
 
 
 def ct2_worker(args):
@@ -286,6 +299,48 @@ def commands(args, name, size, state_dict, ct2_dir, source, beam, batch, threads
     return ours, theirs, book
 
 
+MEMORY_SENTENCES = (1000, 10000)
+
+
+def memory_table(args):
+    """Peak RSS of whole processes that decode 1,000 and 10,000 sentences (the first 1,000 the
+    same) at the book's size in batches of 32, greedy, one thread: the issue's "peak RSS is
+    bounded by the batch, not the file"."""
+    import ctranslate2
+    size = dict(SIZES["book"])
+    state_dict, ct2_dir, _ = prepare("book", size, args.work, seed=0)
+    rng = np.random.default_rng(1)
+    lo, hi = size["source_words"]
+    lines = []
+    for _ in range(max(MEMORY_SENTENCES)):
+        words = rng.integers(len(SPECIALS), size["vocab"], size=int(rng.integers(lo, hi)))
+        lines.append(" ".join(str(int(w)) for w in words) + f" {EOS}\n")
+    rows = []
+    for n in MEMORY_SENTENCES:
+        path = os.path.join(args.work, "book", f"sources-memory-{n}.txt")
+        with open(path, "w") as f:
+            f.writelines(lines[:n])
+        ours, theirs, _ = commands(args, "book", size, state_dict, ct2_dir, path, 1, 32, 1)
+        row = dict(sentences=n)
+        for side, command in (("ours", ours), ("ct2", theirs)):
+            _, stats, _ = run(command, 1)
+            row[side] = dict(tokens=stats["tokens"], peak_rss_bytes=stats["peak_rss_bytes"])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(memory=rows), f, indent=1)
+    print_machine(args, ctranslate2.__version__, "one whole process a side and count")
+    print("| sentences | batch | threads | ours: tokens | ours: peak RSS (MB) | CTranslate2: tokens "
+          "| CTranslate2: peak RSS (MB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['sentences']} | 32 | 1 | {r['ours']['tokens']} | "
+              f"{r['ours']['peak_rss_bytes'] / 1e6:.1f} | {r['ct2']['tokens']} | "
+              f"{r['ct2']['peak_rss_bytes'] / 1e6:.1f} |")
+    return 0
+
+
 def agreement(a, b):
     return sum(x == y for x, y in zip(a, b)), len(a)
 
@@ -309,6 +364,8 @@ def main():
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiplies the sentence counts (a quick run: 0.1)")
     parser.add_argument("--out", help="the JSON of every run")
+    parser.add_argument("--memory", action="store_true",
+                        help="only the peak RSS of 1,000 and 10,000 sentences (the book's size)")
     args = parser.parse_args()
     if args.worker == "ct2":
         return ct2_worker(args)
@@ -316,6 +373,8 @@ def main():
         return book_worker(args)
     if not args.generate_ids:
         parser.error("--generate-ids is required")
+    if args.memory:
+        return memory_table(args)
     import ctranslate2
     threads_list = [int(t) for t in args.thread_counts.split(",")]
     rows, checks, log = [], [], []
@@ -377,7 +436,7 @@ def main():
     return 0
 
 
-def print_table(rows, checks, args, ct2_version):
+def print_machine(args, ct2_version, runs):
     import torch
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as f:
@@ -391,7 +450,11 @@ def print_table(rows, checks, args, ct2_version):
     isa = " ".join(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"))
     print(f"\n{cpu} ({isa}), {os.cpu_count()} logical CPUs, {platform.system()}; "
           f"ctranslate2 {ct2_version} (float32), torch {torch.__version__} for the book's Python; "
-          f"{time.strftime('%Y-%m-%d')}; medians of {args.repetitions} whole processes a side.\n")
+          f"{time.strftime('%Y-%m-%d')}; {runs}.\n")
+
+
+def print_table(rows, checks, args, ct2_version):
+    print_machine(args, ct2_version, f"medians of {args.repetitions} whole processes a side")
     for c in checks:
         print(f"- {c['size']}: greedy tokens equal to CTranslate2's in {c['ct2'][0]} of "
               f"{c['ct2'][1]} sentences; to the book's Python predict_seq2seq in {c['book'][0]} of "

@@ -13,7 +13,8 @@
 // hypothesis of each source, one a line, ids without the final <eos>.
 // stderr: one JSON line, {"sentences", "tokens" (generated, the <eos>s not
 // counted), "load_s" (building the model and reading the weights),
-// "decode_s" (d2l::generate over the whole input)}.
+// "decode_s" (d2l::generate over the whole input), "peak_rss_bytes" (the
+// process's resident high-water mark, VmHWM; 0 where /proc has none)}.
 
 #include <d2l/attention.h>
 #include <d2l/generate.h>
@@ -35,6 +36,16 @@ constexpr int64_t kPad = 1, kBos = 2, kEos = 3;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// VmHWM of /proc/self/status in bytes (not getrusage's ru_maxrss, which a
+// child inherits from its parent across fork and exec), 0 if absent.
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -102,7 +113,8 @@ int main(int argc, char** argv) {
   }
   std::fputs(out.c_str(), stdout);
   fmt::print(stderr,
-             "{{\"sentences\": {}, \"tokens\": {}, \"load_s\": {:.6f}, \"decode_s\": {:.6f}}}\n",
-             sources.size(), tokens, load_s, decode_s);
+             "{{\"sentences\": {}, \"tokens\": {}, \"load_s\": {:.6f}, \"decode_s\": {:.6f}, "
+             "\"peak_rss_bytes\": {}}}\n",
+             sources.size(), tokens, load_s, decode_s, peak_rss_bytes());
   return 0;
 }
