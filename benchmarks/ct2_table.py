@@ -16,6 +16,9 @@ the check sentences (and the book's own Python decoding, the book's predict_seq2
 then times whole processes, each side in turn, in every cell: greedy and beam 4, batch 1 and 32,
 1 and 2 threads. Tokens per second count the generated tokens of the best hypotheses, <eos> left
 out, over the process's wall time (`process`) and over its decoding call alone (`decode`).
+With --memory it prints instead the peak RSS (VmHWM) of whole processes of both sides that
+decode 1,000 and 10,000 sentences at the book's size in batches of 32 (issue: peak RSS bounded
+by the batch, not the file).
 
 The mapping (the book's module -> CTranslate2's TransformerSpec, post-norm):
 - embedding.weight -> embeddings[0].weight (encoder) / embeddings.weight (decoder); the book scales
