@@ -275,16 +275,23 @@ def prepare(name, size, work, seed):
     torch.save(net.state_dict(), state_dict)
     ct2_dir = convert(net, tokens_of(size["vocab"]), size["heads"], os.path.join(directory, "ct2"))
     rng = np.random.default_rng(seed)
-    lo, hi = size["source_words"]
     files = {}
     for key, n in list(size["sentences"].items()) + [("check", size["check"])]:
         path = os.path.join(directory, f"sources-{key}.txt")
         with open(path, "w") as f:
-            for _ in range(n):
-                words = rng.integers(len(SPECIALS), size["vocab"], size=int(rng.integers(lo, hi)))
-                f.write(" ".join(str(int(w)) for w in words) + f" {EOS}\n")
+            f.writelines(source_lines(rng, size, n))
         files[key] = path
     return state_dict, ct2_dir, files
+
+
+def source_lines(rng, size, n):
+    """n random sources of the size's vocabulary and lengths, a line each, <eos> included."""
+    lo, hi = size["source_words"]
+    lines = []
+    for _ in range(n):
+        words = rng.integers(len(SPECIALS), size["vocab"], size=int(rng.integers(lo, hi)))
+        lines.append(" ".join(str(int(w)) for w in words) + f" {EOS}\n")
+    return lines
 
 
 def commands(args, name, size, state_dict, ct2_dir, source, beam, batch, threads):
@@ -312,12 +319,7 @@ def memory_table(args):
     import ctranslate2
     size = dict(SIZES["book"])
     state_dict, ct2_dir, _ = prepare("book", size, args.work, seed=0)
-    rng = np.random.default_rng(1)
-    lo, hi = size["source_words"]
-    lines = []
-    for _ in range(max(MEMORY_SENTENCES)):
-        words = rng.integers(len(SPECIALS), size["vocab"], size=int(rng.integers(lo, hi)))
-        lines.append(" ".join(str(int(w)) for w in words) + f" {EOS}\n")
+    lines = source_lines(np.random.default_rng(1), size, max(MEMORY_SENTENCES))
     rows = []
     for n in MEMORY_SENTENCES:
         path = os.path.join(args.work, "book", f"sources-memory-{n}.txt")

@@ -20,6 +20,7 @@
 #include "attention_weights.h"
 #include "checks.h"
 #include "seq2seq/generate_setup.h"
+#include "seq2seq/generate_tokens.h"
 
 // Note [Generation]
 // One call encodes its sources once, as one batch padded to a common length,
@@ -90,25 +91,6 @@ torch::Tensor step_attention(const AttentionDecoder* decoder, int64_t rows) {
                           "(batch={}, ..., steps, num_enc_steps), got {}",
                           kFn, rows, detail::shape_of(w)));
   return w.select(-2, -1);
-}
-
-// The `count` largest of x[0:V] in `best`, largest first, ties by the
-// smaller index: what partial_sort of the indices gives, in one pass that
-// keeps the few best in order (a row's 2 · beam_size of 10,000 tokens),
-// without the index array that partial_sort reorders.
-void best_tokens(const float* x, int64_t V, int64_t count, std::vector<int64_t>& best) {
-  best.resize(static_cast<size_t>(count));
-  int64_t held = 0;
-  for (int64_t v = 0; v < V; ++v) {
-    const float value = x[v];
-    // Not better than the worst held (a tie keeps the earlier index).
-    if (held == count && !(value > x[best[static_cast<size_t>(held - 1)]])) continue;
-    int64_t at = held < count ? held++ : held - 1;
-    for (; at > 0 && value > x[best[static_cast<size_t>(at - 1)]]; --at) {
-      best[static_cast<size_t>(at)] = best[static_cast<size_t>(at - 1)];
-    }
-    best[static_cast<size_t>(at)] = v;
-  }
 }
 
 struct Source {
@@ -213,20 +195,7 @@ void decode_batch(Encoder& encoder, Decoder& decoder,
           const float* row = lg + row0 * V;
           token = std::max_element(row, row + V) - row;  // the first maximum, as argmax
         } else {
-          auto p = log_probs.select(0, row0);
-          if (o.temperature() != 1)
-            p = torch::log_softmax(logits.select(0, row0) / o.temperature(), 0);
-          p = p.exp();
-          if (o.sampling_topk() > 0 && o.sampling_topk() < V) {
-            const auto kth = std::get<0>(p.topk(o.sampling_topk())).min();
-            p = p.masked_fill(p < kth, 0);
-          }
-          if (o.sampling_topp() < 1) {
-            const auto [sorted, order] = p.sort(/*dim=*/0, /*descending=*/true);
-            const auto before = sorted.cumsum(0) - sorted;  // mass of the tokens ranked above
-            p = p.index_fill(0, order.masked_select(before >= o.sampling_topp()), 0);
-          }
-          token = torch::multinomial(p, 1, false, generator).item<int64_t>();
+          token = detail::sample_token(logits, log_probs, row0, o, generator);
         }
         h.tokens.push_back(token);
         h.log_probs.push_back(row_lp[token]);
@@ -253,7 +222,7 @@ void decode_batch(Encoder& encoder, Decoder& decoder,
         candidates.reserve(static_cast<size_t>(rows * per_row));
         for (int64_t r = 0; r < rows; ++r) {
           const float* row_lp = lp + (row0 + r) * V;
-          best_tokens(row_lp, V, per_row, order);
+          detail::best_tokens(row_lp, V, per_row, order);
           for (int64_t i = 0; i < per_row; ++i) {
             const int64_t v = order[static_cast<size_t>(i)];
             if (row_lp[v] == kNone) break;
