@@ -48,14 +48,17 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& W,
 /// float or double, W's dtype; W (N, K) and b (N) or undefined contiguous
 /// on the CPU), without autograd, for callers that hold their own buffers
 /// (the 0.17 Transformer decoder's fused step). Products of fewer than
-/// 2^18 multiply-adds run on the calling thread on the few-rows kernel (no
-/// tensor made, no dispatch); larger ones as linear() runs them: the
+/// 2^18 multiply-adds run on the calling thread (no tensor made, no
+/// dispatch); larger ones as linear() runs them: the
 /// few-rows kernel by slices of W's rows over ATen's threads below
 /// cpu::kFewRows rows, else BLAS (split by rows where
-/// linear_splits_over_threads says). Float products of 8 rows or more by a
-/// weight of kPackedMinimumElements or more run on the packed kernel, on a
-/// copy of W packed once (Note [Packed weights]); `check_bytes` has that
-/// copy compare W's bytes now rather than once per decoding.
+/// linear_splits_over_threads says). Float products by a weight of fewer
+/// than kPackedMinimumElements, and of 8 rows or more by a larger one, run
+/// on the packed kernel, on a copy of W packed once (Note [Packed
+/// weights]): small weights' products on the few-rows kernel spent as much
+/// on its per-output reductions as on the multiply-adds (K = 32: the book's
+/// Transformer). `check_bytes` has that copy compare W's bytes now rather
+/// than once per decoding.
 template <typename T>
 void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const torch::Tensor& b,
                  bool check_bytes = false);

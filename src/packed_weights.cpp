@@ -41,8 +41,7 @@ std::atomic<uint64_t> epoch{1};
 
 bool eligible(const torch::Tensor& W) {
   return W.defined() && W.dim() == 2 && W.scalar_type() == torch::kFloat && W.device().is_cpu() &&
-         W.layout() == torch::kStrided && W.is_contiguous() &&
-         W.numel() >= kPackedMinimumElements && !W.is_inference();
+         W.layout() == torch::kStrided && W.is_contiguous() && W.numel() > 0 && !W.is_inference();
 }
 
 std::shared_ptr<const PackedWeights> pack(const torch::Tensor& W) {

@@ -36,13 +36,15 @@ struct PackedWeights {
   std::vector<float> data;
 };
 
-/// Weights of at least this many elements are packed; smaller ones stay on
-/// the few-rows kernel (a row's sums in one order whatever the batch).
+/// linear_into multiplies a weight of fewer elements than this on its
+/// packed copy whatever the rows (a row's sums in one order in any batch,
+/// from one row up); larger ones from cpu::kFewRows rows (fewer rows of a
+/// large weight run at the speed memory delivers it on the few-rows kernel).
 inline constexpr int64_t kPackedMinimumElements = int64_t{1} << 16;
 
 /// W's packed copy, made now if there is none that matches W: W float,
-/// 2-D, contiguous, on the CPU, at least kPackedMinimumElements, not an
-/// inference tensor (which has no version counter). nullptr for other W.
+/// 2-D, non-empty, contiguous, on the CPU, not an inference tensor (which
+/// has no version counter). nullptr for other W.
 /// With `check_bytes`, a copy compares its weight's bytes now whatever
 /// recheck_packed_weights() said (for products made outside a decoding,
 /// where a fingerprint costs little beside the product).

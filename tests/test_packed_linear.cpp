@@ -61,6 +61,36 @@ TEST_P(PackedLinear, MatchesTheProductInDouble) {
   EXPECT_GT(d2l::detail::packed_weights_held(), 0);
 }
 
+TEST_P(PackedLinear, SmallWeightsAreMultipliedAtAnyRows) {
+  // Below kPackedMinimumElements every product is packed, from one row:
+  // the book's sizes (32 × 32, the FFN's 64 × 32, 200 words), K and N off
+  // the vectors, and the rows that fill no tile.
+  torch::manual_seed(13);
+  for (const auto [K, N] :
+       {std::pair<int64_t, int64_t>{32, 32}, {32, 64}, {64, 32}, {32, 200}, {7, 45}, {1, 3}}) {
+    const auto W = torch::randn({N, K});
+    ASSERT_LT(W.numel(), d2l::detail::kPackedMinimumElements);
+    for (const int64_t rows : {1, 2, 3, 7, 8, 9, 17}) {
+      const auto x = torch::randn({rows, K});
+      const auto b = torch::randn({N});
+      const auto expected = reference(x, W, b);
+      const double functional_error =
+          max_rel_error(torch::nn::functional::linear(x, W, b).to(torch::kDouble), expected);
+      EXPECT_LT(max_rel_error(product(x, W, b).to(torch::kDouble), expected),
+                4 * functional_error + 1e-7)
+          << fmt::format("rows {} K {} N {} (functional::linear's error {})", rows, K, N,
+                         functional_error);
+    }
+    // A row's bits whatever the rows beside it, from a batch of one.
+    const auto x = torch::randn({12, K});
+    const auto all = product(x, W);
+    for (const int64_t rows : {1, 2, 5, 8, 11}) {
+      const auto some = product(x.narrow(0, 12 - rows, rows).contiguous(), W);
+      EXPECT_TRUE(torch::equal(some[rows - 1], all[11])) << rows << " rows, K " << K << " N " << N;
+    }
+  }
+}
+
 TEST_P(PackedLinear, ARowGetsTheSameBitsInAnyBatchAndAtAnyThreads) {
   torch::manual_seed(5);
   const int64_t K = 200, N = 777;
@@ -159,8 +189,7 @@ TEST(PackedWeights, AreDroppedWithTheirWeights) {
   const auto other = torch::randn({512, 256});
   product(x, other);  // packing drops the copies of weights that are gone
   EXPECT_EQ(d2l::detail::packed_weights_held(), 1);
-  // Not packed: double, small, inference tensors, few rows.
-  product(x, torch::randn({200, 256}));
+  // Not packed: inference tensors, few rows by a large weight.
   {
     c10::InferenceMode inference;
     product(x, torch::randn({512, 256}));
@@ -168,6 +197,10 @@ TEST(PackedWeights, AreDroppedWithTheirWeights) {
   const auto few = torch::randn({7, 256});
   product(few, torch::randn({512, 256}));
   EXPECT_EQ(d2l::detail::packed_weights_held(), 1);
+  // A small weight is packed for any rows.
+  const auto small = torch::randn({200, 256});
+  product(few, small);
+  EXPECT_EQ(d2l::detail::packed_weights_held(), 2);
   d2l::detail::release_packed_weights();
   EXPECT_EQ(d2l::detail::packed_weights_held(), 0);
 }

@@ -231,9 +231,9 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
   }();
   const int64_t multiply_adds = rows * K * N;
   if constexpr (std::is_same_v<T, float>) {
-    // Rows of a batch on a large weight: the packed kernel (Note [Packed
-    // linear]), by panels over ATen's threads.
-    if (rows >= kColumnSplitRows) {
+    // Rows of a batch on a large weight, and any rows on a small one: the
+    // packed kernel (Note [Packed linear]), by panels over ATen's threads.
+    if (rows >= kColumnSplitRows || W.numel() < kPackedMinimumElements) {
       if (const auto packed = packed_weights(W, check_bytes)) {
         const auto& packed_kernels = cpu::packed_linear_kernels();
         const int64_t panels = (N + packed->panel - 1) / packed->panel;
@@ -250,9 +250,10 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
       }
     }
   }
-  // Small products on the few-rows kernel at any number of rows: each row's
-  // sums are its own, so a row's bits do not depend on the rows beside it (a
-  // source decoded in a batch gets what it gets alone).
+  // Double, and fewer rows than a tile by a large float weight, on the
+  // few-rows kernel: each row's sums are its own, so a row's bits do not
+  // depend on the rows beside it (a source decoded in a batch gets what it
+  // gets alone).
   if (multiply_adds < kMinMultiplyAdds || at::in_parallel_region()) {
     forward(x, rows, K, w, N, bias, out, 0, N);
   } else if (rows < kColumnSplitRows) {

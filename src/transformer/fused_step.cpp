@@ -28,8 +28,8 @@
 // So in evaluation mode under no-grad, on the CPU in float or double, one
 // step of tokens (B, 1) runs here as one pass: the embedding and position,
 // then per block the projections of the step's rows (linear_into: the
-// few-rows kernel on the calling thread for small products, else the
-// products linear() runs), the new keys and values written into the block's
+// packed or few-rows kernels on the calling thread for small products, else
+// split over threads), the new keys and values written into the block's
 // MultiHeadAttentionCache, the small-heads kernel over the cache in place
 // (the one the modules' cached path runs), residual and layer norm, the
 // encoder-decoder attention over its projected memory and the FFN; then the
