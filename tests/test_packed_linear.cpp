@@ -76,8 +76,10 @@ TEST_P(PackedLinear, SmallWeightsAreMultipliedAtAnyRows) {
       const auto expected = reference(x, W, b);
       const double functional_error =
           max_rel_error(torch::nn::functional::linear(x, W, b).to(torch::kDouble), expected);
+      // The DEFAULT build rounds products and sums apart (test_fused_linear.cpp).
+      const double factor = GetParam() == d2l::CpuIsa::kDefault ? 8 : 4;
       EXPECT_LT(max_rel_error(product(x, W, b).to(torch::kDouble), expected),
-                4 * functional_error + 1e-7)
+                factor * functional_error + 1e-7)
           << fmt::format("rows {} K {} N {} (functional::linear's error {})", rows, K, N,
                          functional_error);
     }

@@ -13,6 +13,7 @@
 
 #include "cpu/multi_head_attention_kernel.h"
 #include "cpu/parallel_runs-inl.h"
+#include "cpu/small_heads-inl.h"
 #include "cpu/softmax_row-inl.h"
 #include "cpu/vec_helpers-inl.h"
 
@@ -26,8 +27,9 @@
 // (B, n, heads · d): head i of a row is the d features from i·d, so a head
 // is read in place with a row stride of h = heads · d, and the output is
 // written straight into the joined (B, n, h) that the output projection
-// reads. Each task packs its head's keys transposed (d × m, rounded up to
-// whole vectors), so that a query row's scores are d multiply-adds of whole
+// reads (the tasks: small_heads-inl.h). A run of tasks packs each entry's
+// keys transposed once for all its heads (h × m, m rounded up to whole
+// vectors), so that a query row's scores are d multiply-adds of whole
 // vectors of keys rather than a dot product per key; then the masked softmax
 // (softmax_row-inl.h; in registers where the keys fit one vector, as the
 // book's 10 do with AVX-512 floats), which is also the attention weights the
@@ -54,52 +56,6 @@ namespace CPU_CAPABILITY {
 namespace {
 
 using at::vec::Vectorized;
-
-struct HeadDims {
-  int64_t batch, n, m, h, heads, d;
-};
-
-HeadDims head_dims(const at::TensorBase& q, const at::TensorBase& k, int64_t heads) {
-  const int64_t h = q.size(2);
-  return {q.size(0), q.size(1), k.size(1), h, heads, h / heads};
-}
-
-// The valid keys of query i of head `head` of entry b.
-struct HeadLengths {
-  const int64_t* data = nullptr;
-  bool per_head = false, per_query = false;
-
-  HeadLengths(const at::TensorBase& lens, const HeadDims& s) {
-    if (lens.numel() == 0) return;
-    data = lens.data_ptr<int64_t>();
-    per_head = lens.size(0) != s.batch;
-    per_query = lens.dim() == 2;
-  }
-
-  int64_t at(const HeadDims& s, int64_t b, int64_t head, int64_t i) const {
-    if (data == nullptr) return s.m;
-    const int64_t e = per_head ? b * s.heads + head : b;
-    return std::clamp<int64_t>(data[per_query ? e * s.n + i : e], 0, s.m);
-  }
-};
-
-// What both passes read: the sizes, the lengths, and q, k, v and the
-// dropout's multipliers (nullptr: none).
-template <typename T>
-struct HeadInputs {
-  HeadDims s;
-  HeadLengths L;
-  const T *q, *k, *v, *noise;
-
-  HeadInputs(const at::TensorBase& q_, const at::TensorBase& k_, const at::TensorBase& v_,
-             const at::TensorBase& lens, const at::TensorBase& noise_, int64_t heads)
-      : s(head_dims(q_, k_, heads)),
-        L(lens, s),
-        q(q_.data_ptr<T>()),
-        k(k_.data_ptr<T>()),
-        v(v_.data_ptr<T>()),
-        noise(noise_.numel() > 0 ? noise_.data_ptr<T>() : nullptr) {}
-};
 
 template <typename T>
 Vectorized<T> load_some(const T* p, int64_t r) {
@@ -178,15 +134,16 @@ void row_times_transposed(const T* row, const T* t, int64_t d, int64_t width, in
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
+// Returns the weights, 0 past len.
 template <typename T>
-void softmax_vector(const Vectorized<T>& scores, T* y, int64_t len, int64_t m, T scale) {
+Vectorized<T> softmax_vector(const Vectorized<T>& scores, int64_t len, T scale) {
   using V = Vectorized<T>;
   const V x = set_first(V(-std::numeric_limits<T>::infinity()), scores, len);
   const V vmax(horizontal_max(x)), vscale(scale);
   // Lanes past len may hold anything (padding keys' scores): blended away.
   const V e = set_first(V(0), softmax_exp((scores - vmax) * vscale), len);
   const V inv(T(1) / horizontal_sum(e));
-  store_some(set_first(V(0), e * inv, len), y, m);
+  return set_first(V(0), e * inv, len);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -202,23 +159,6 @@ Vectorized<T> softmax_backward_vector(const Vectorized<T>& y, const Vectorized<T
   return set_first(V(0), V(scale) * y * (dy - dot), len);
 }
 
-// A head costs about its valid (query, key) pairs times d, and each row a
-// little on its own.
-template <typename F>
-void parallel_heads(const HeadDims& s, const HeadLengths& L, const F& body) {
-  std::vector<int64_t> costs(s.batch * s.heads);
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t head = 0; head < s.heads; ++head) {
-      int64_t pairs = 0;
-      for (int64_t i = 0; i < s.n; ++i) pairs += L.at(s, b, head, i) + 4;
-      costs[b * s.heads + head] = pairs * (s.d + 8);
-    }
-  }
-  parallel_runs(costs, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) body(t / s.heads, t % s.heads);
-  });
-}
-
 template <typename T>
 void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
                    const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
@@ -230,42 +170,60 @@ void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::T
   T* wp = weights.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const T sc = static_cast<T>(scale);
-  parallel_heads(s, L, [&](int64_t b, int64_t head) {
+  constexpr int64_t S = Vectorized<T>::size();
+  parallel_runs(head_costs(s, L), [&](int64_t t0, int64_t t1) {
     thread_local std::vector<T> scores, kept, keys_t;
-    // Only the keys some row reads are packed: a cache's buffer holds more
-    // rows than it has filled (and decoding reads one query a head, so
-    // packing would otherwise cost more than the scores).
-    int64_t longest = 0;
-    for (int64_t i = 0; i < s.n; ++i) longest = std::max(longest, L.at(s, b, head, i));
-    const int64_t width = transposed_width<T>(longest);
-    scores.resize(width);
     kept.resize(s.m);
-    keys_t.resize(s.d * width);
-    const int64_t e = b * s.heads + head;
-    const T* kh = kp + b * s.m * s.h + head * s.d;
-    const T* vh = vp + b * s.m * s.h + head * s.d;
-    pack_transposed_rows(kh, s.h, longest, s.d, keys_t.data());
-    const bool one_vector = longest <= Vectorized<T>::size();
-    for (int64_t i = 0; i < s.n; ++i) {
-      const int64_t len = L.at(s, b, head, i);
-      const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
-      T* wi = wp + (e * s.n + i) * s.m;
-      if (one_vector && len > 0) {
-        constexpr int64_t S = Vectorized<T>::size();
-        softmax_vector(row_times_transposed(qi, keys_t.data(), s.d, width), wi, len,
-                       std::min(s.m, S), sc);
-        if (s.m > S) std::fill(wi + S, wi + s.m, T(0));
-      } else {
-        row_times_transposed(qi, keys_t.data(), s.d, width, len, scores.data());
-        softmax_row(scores.data(), wi, len, s.m, sc);
+    alignas(64) T weights_row[S];
+    // An entry's keys are packed once for all its heads (whose features sit
+    // side by side in each key row: one transposition of the h features
+    // rather than one of d per head), and only the keys some row reads: a
+    // cache's buffer holds more rows than it has filled (and decoding reads
+    // one query a head, so packing would otherwise cost more than the
+    // scores).
+    int64_t packed = -1, width = 0;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / s.heads, head = t % s.heads;
+      if (b != packed) {
+        const int64_t entry_longest = longest_of_entry(s, L, b);
+        width = transposed_width<T>(entry_longest);
+        scores.resize(width);
+        keys_t.resize(s.h * width);
+        pack_transposed_rows(kp + b * s.m * s.h, s.h, entry_longest, s.h, keys_t.data());
+        packed = b;
       }
-      const T* p = wi;
-      if (np != nullptr) {
-        const T* ni = np + (e * s.n + i) * s.m;
-        for (int64_t j = 0; j < len; ++j) kept[j] = wi[j] * ni[j];
-        p = kept.data();
+      int64_t longest = 0;
+      for (int64_t i = 0; i < s.n; ++i) longest = std::max(longest, L.at(s, b, head, i));
+      const T* head_keys_t = keys_t.data() + head * s.d * width;
+      const int64_t e = b * s.heads + head;
+      const T* vh = vp + b * s.m * s.h + head * s.d;
+      const bool one_vector = longest <= S;
+      for (int64_t i = 0; i < s.n; ++i) {
+        const int64_t len = L.at(s, b, head, i);
+        const T* qi = qp + (b * s.n + i) * s.h + head * s.d;
+        T* wi = wp + (e * s.n + i) * s.m;
+        const T* p = wi;
+        if (one_vector && len > 0) {
+          // The weights are read back from a whole vector's store: a store of
+          // fewer lanes (into wi) forwards nothing to the loads of the
+          // weighted sum, which then wait for it to reach the cache (a fifth
+          // of this loop's time when decoding at the book's size).
+          const auto w = softmax_vector(row_times_transposed(qi, head_keys_t, s.d, width), len, sc);
+          w.store(weights_row);
+          store_some(w, wi, std::min(s.m, S));
+          if (s.m > S) std::fill(wi + S, wi + s.m, T(0));
+          p = weights_row;
+        } else {
+          row_times_transposed(qi, head_keys_t, s.d, width, len, scores.data());
+          softmax_row(scores.data(), wi, len, s.m, sc);
+        }
+        if (np != nullptr) {
+          const T* ni = np + (e * s.n + i) * s.m;
+          for (int64_t j = 0; j < len; ++j) kept[j] = p[j] * ni[j];
+          p = kept.data();
+        }
+        weighted_rows(p, 1, vh, s.h, len, s.d, op + (b * s.n + i) * s.h + head * s.d);
       }
-      weighted_rows(p, 1, vh, s.h, len, s.d, op + (b * s.n + i) * s.h + head * s.d);
     }
   });
 }
