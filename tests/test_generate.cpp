@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -19,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "seq2seq/generate_tokens.h"
 #include "test_utils.h"
 #include "transformer_models.h"
 
@@ -582,6 +584,35 @@ TEST(Generate, RefusesBadOptionsAndSources) {
                               options(5).return_attention(true));
               }),
               HasSubstr("return_attention needs a d2l::AttentionDecoder"));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(GenerateTokens, BestTokensAreWhatPartialSortGives) {
+  // Ties (values on a coarse grid) go to the smaller index; counts from one
+  // to the whole row.
+  torch::manual_seed(21);
+  std::vector<int64_t> best;
+  for (const int64_t V : {1, 2, 7, 64, 200, 1000}) {
+    for (const int64_t count : {int64_t{1}, int64_t{2}, int64_t{8}, V}) {
+      if (count > V) continue;
+      for (const bool ties : {false, true}) {
+        auto row = torch::randn({V});
+        if (ties) row = (row * 2).round();
+        const float* x = row.data_ptr<float>();
+        std::vector<int64_t> order(static_cast<size_t>(V));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(
+            order.begin(), order.begin() + count, order.end(),
+            [&](int64_t a, int64_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+        order.resize(static_cast<size_t>(count));
+        d2l::detail::best_tokens(x, V, count, best);
+        EXPECT_EQ(best, order) << fmt::format("V {} count {} ties {}", V, count, ties);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "seq2seq/generate_tokens.h"
 
+#include <c10/util/SmallVector.h>
 #include <torch/torch.h>
 
 #include <tuple>
@@ -10,16 +11,24 @@ namespace d2l::detail {
 
 void best_tokens(const float* x, int64_t V, int64_t count, std::vector<int64_t>& best) {
   best.resize(static_cast<size_t>(count));
+  // The held tokens' values beside their ids, and the worst of them in a
+  // register: most tokens are passed over by one comparison, with no load
+  // through `best` (a tenth of a book-size beam-4 step before).
+  c10::SmallVector<float, 64> values(static_cast<size_t>(count));
   int64_t held = 0;
+  float worst = 0;  // read once held == count
   for (int64_t v = 0; v < V; ++v) {
     const float value = x[v];
     // Not better than the worst held (a tie keeps the earlier index).
-    if (held == count && !(value > x[best[static_cast<size_t>(held - 1)]])) continue;
+    if (held == count && !(value > worst)) continue;
     int64_t at = held < count ? held++ : held - 1;
-    for (; at > 0 && value > x[best[static_cast<size_t>(at - 1)]]; --at) {
+    for (; at > 0 && value > values[static_cast<size_t>(at - 1)]; --at) {
       best[static_cast<size_t>(at)] = best[static_cast<size_t>(at - 1)];
+      values[static_cast<size_t>(at)] = values[static_cast<size_t>(at - 1)];
     }
     best[static_cast<size_t>(at)] = v;
+    values[static_cast<size_t>(at)] = value;
+    if (held == count) worst = values[static_cast<size_t>(count - 1)];
   }
 }
 
