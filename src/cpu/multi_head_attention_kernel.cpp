@@ -160,15 +160,10 @@ Vectorized<T> softmax_backward_vector(const Vectorized<T>& y, const Vectorized<T
 }
 
 template <typename T>
-void forward_typed(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
-                   const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads,
-                   double scale, const at::TensorBase& weights, const at::TensorBase& out) {
-  const HeadInputs<T> in(q, k, v, lens, noise, heads);
+void forward_typed(const HeadInputs<T>& in, double scale, T* wp, T* op) {
   const HeadDims& s = in.s;
   const HeadLengths& L = in.L;
   const T *qp = in.q, *kp = in.k, *vp = in.v, *np = in.noise;
-  T* wp = weights.data_ptr<T>();
-  T* op = out.data_ptr<T>();
   const T sc = static_cast<T>(scale);
   constexpr int64_t S = Vectorized<T>::size();
   parallel_runs(head_costs(s, L), [&](int64_t t0, int64_t t1) {
@@ -321,8 +316,16 @@ void forward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorB
              const at::TensorBase& lens, const at::TensorBase& noise, int64_t heads, double scale,
              const at::TensorBase& weights, const at::TensorBase& out) {
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "d2l::multi_head_attention", [&] {
-    forward_typed<scalar_t>(q, k, v, lens, noise, heads, scale, weights, out);
+    forward_typed<scalar_t>(HeadInputs<scalar_t>(q, k, v, lens, noise, heads), scale,
+                            weights.data_ptr<scalar_t>(), out.data_ptr<scalar_t>());
   });
+}
+
+template <typename T>
+void forward_raw(const T* q, const T* k, const T* v, const int64_t* lens, int64_t B, int64_t n,
+                 int64_t m, int64_t h, int64_t heads, double scale, T* weights, T* out) {
+  forward_typed<T>(HeadInputs<T>(HeadDims{B, n, m, h, heads, h / heads}, lens, q, k, v), scale,
+                   weights, out);
 }
 
 void backward(const at::TensorBase& q, const at::TensorBase& k, const at::TensorBase& v,
@@ -339,7 +342,8 @@ void backward(const at::TensorBase& q, const at::TensorBase& k, const at::Tensor
 }  // namespace
 
 const MultiHeadAttentionKernels& multi_head_attention_kernels() {
-  static const MultiHeadAttentionKernels table{&forward, &backward};
+  static const MultiHeadAttentionKernels table{&forward, &backward, &forward_raw<float>,
+                                               &forward_raw<double>};
   return table;
 }
 

@@ -34,6 +34,17 @@ struct MultiHeadAttentionKernels {
                    double scale, const at::TensorBase& weights, const at::TensorBase& dout,
                    const at::TensorBase& dweights, const at::TensorBase& dq,
                    const at::TensorBase& dk, const at::TensorBase& dv);
+  /// forward on raw contiguous arrays, for callers that hold their own
+  /// buffers (the Transformer's fused passes): q (B, n, h), k and v (B, m,
+  /// h), lens one per entry (B) or nullptr (every key), weights (B·heads, n,
+  /// m), out (B, n, h); no dropout. No tensor is made: a decoding step at the
+  /// book's size made six per call, as long as the call's work.
+  void (*forward_float)(const float* q, const float* k, const float* v, const int64_t* lens,
+                        int64_t B, int64_t n, int64_t m, int64_t h, int64_t heads, double scale,
+                        float* weights, float* out);
+  void (*forward_double)(const double* q, const double* k, const double* v, const int64_t* lens,
+                         int64_t B, int64_t n, int64_t m, int64_t h, int64_t heads, double scale,
+                         double* weights, double* out);
 };
 
 D2L_DECLARE_CPU_KERNELS(MultiHeadAttentionKernels, multi_head_attention_kernels)

@@ -37,6 +37,8 @@ struct HeadLengths {
     per_head = lens.size(0) != s.batch;
     per_query = lens.dim() == 2;
   }
+  // One length per entry, or none (every key).
+  explicit HeadLengths(const int64_t* per_entry) : data(per_entry) {}
 
   int64_t at(const HeadDims& s, int64_t b, int64_t head, int64_t i) const {
     if (data == nullptr) return s.m;
@@ -61,6 +63,8 @@ struct HeadInputs {
         k(k_.data_ptr<T>()),
         v(v_.data_ptr<T>()),
         noise(noise_.numel() > 0 ? noise_.data_ptr<T>() : nullptr) {}
+  HeadInputs(const HeadDims& dims, const int64_t* lens, const T* q_, const T* k_, const T* v_)
+      : s(dims), L(lens), q(q_), k(k_), v(v_), noise(nullptr) {}
 };
 
 // A head costs about its valid (query, key) pairs times d, and each row a

@@ -49,7 +49,7 @@ torch::Tensor fused_encoder_typed(TransformerEncoderImpl& e, const torch::Tensor
     linear_into<T>(k, x, rows, m.W_k->weight, m.W_k->bias);
     linear_into<T>(v, x, rows, m.W_v->weight, m.W_v->bias);
     fused::HeadWeights<T> weights(m, B, n, n, options);
-    fused::heads(m.options.num_heads(), q, k, v, lens, B, n, n, h, weights.data, joined, options);
+    fused::heads(m.options.num_heads(), q, k, v, lens, B, n, n, h, weights.data, joined);
     weights.record(m, n);
     linear_into<T>(t, joined, rows, m.W_o->weight, m.W_o->bias);
     fused::add_layer_norm(blk->addnorm1, t, x, rows, h, y);

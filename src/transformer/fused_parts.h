@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention_weights.h"
@@ -105,18 +106,14 @@ void relu(T* x, int64_t count) {
 /// capacity) into `weights`, the heads joined into `joined` (B, n, h).
 template <typename T>
 void heads(int64_t num_heads, const T* q, const T* k, const T* v, const int64_t* lens, int64_t B,
-           int64_t n, int64_t capacity, int64_t h, T* weights, T* joined,
-           const torch::TensorOptions& options) {
-  const auto make = [&](const T* data, at::IntArrayRef sizes) {
-    return torch::from_blob(const_cast<T*>(data), sizes, options);
-  };
-  static const auto none = torch::empty({0}, torch::kLong);
-  const auto lengths =
-      lens != nullptr ? torch::from_blob(const_cast<int64_t*>(lens), {B}, torch::kLong) : none;
+           int64_t n, int64_t capacity, int64_t h, T* weights, T* joined) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(h / num_heads));
-  cpu::multi_head_attention_kernels().forward(
-      make(q, {B, n, h}), make(k, {B, capacity, h}), make(v, {B, capacity, h}), lengths, none,
-      num_heads, scale, make(weights, {B * num_heads, n, capacity}), make(joined, {B, n, h}));
+  const auto& kernels = cpu::multi_head_attention_kernels();
+  if constexpr (std::is_same_v<T, float>) {
+    kernels.forward_float(q, k, v, lens, B, n, capacity, h, num_heads, scale, weights, joined);
+  } else {
+    kernels.forward_double(q, k, v, lens, B, n, capacity, h, num_heads, scale, weights, joined);
+  }
 }
 
 /// Where m's heads write their weights, (B · heads, n, capacity): a tensor

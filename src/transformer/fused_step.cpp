@@ -198,8 +198,7 @@ torch::Tensor fused_step_typed(TransformerDecoderImpl& d, const torch::Tensor& X
       write_rows(t, R, h, values, capacity, length);
       linear_into<T>(q, x, R, m1.W_q->weight, m1.W_q->bias);
       fused::heads(heads, q, keys, values, held[static_cast<size_t>(i)].data() + r0, R, 1, capacity,
-                   h, weights[static_cast<size_t>(i)].self.data + r0 * heads * capacity, joined,
-                   options);
+                   h, weights[static_cast<size_t>(i)].self.data + r0 * heads * capacity, joined);
       linear_into<T>(t, joined, R, m1.W_o->weight, m1.W_o->bias);
       fused::add_layer_norm(blk->addnorm1, t, x, R, h, y);
 
@@ -209,7 +208,7 @@ torch::Tensor fused_step_typed(TransformerDecoderImpl& d, const torch::Tensor& X
       fused::heads(heads, q, Access::keys(cross).data_ptr<T>() + r0 * m * h,
                    Access::values(cross).data_ptr<T>() + r0 * m * h,
                    enc_lens != nullptr ? enc_lens + r0 : nullptr, R, 1, m, h,
-                   weights[static_cast<size_t>(i)].cross.data + r0 * heads * m, joined, options);
+                   weights[static_cast<size_t>(i)].cross.data + r0 * heads * m, joined);
       linear_into<T>(t, joined, R, m2.W_o->weight, m2.W_o->bias);
       fused::add_layer_norm(blk->addnorm2, t, y, R, h, z);
 
