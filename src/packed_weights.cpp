@@ -38,6 +38,7 @@ Table& table() {
 }
 
 std::atomic<uint64_t> epoch{1};
+thread_local int64_t checked_once = 0;  // PackedWeightsCheckedOnce alive on this thread
 
 bool eligible(const torch::Tensor& W) {
   return W.defined() && W.dim() == 2 && W.scalar_type() == torch::kFloat && W.device().is_cpu() &&
@@ -94,7 +95,17 @@ std::shared_ptr<const PackedWeights> packed_weights(const torch::Tensor& W, bool
   return packed;
 }
 
-void recheck_packed_weights() { epoch.fetch_add(1, std::memory_order_acq_rel); }
+void recheck_packed_weights() {
+  if (checked_once > 0) return;
+  epoch.fetch_add(1, std::memory_order_acq_rel);
+}
+
+PackedWeightsCheckedOnce::PackedWeightsCheckedOnce() {
+  recheck_packed_weights();
+  ++checked_once;
+}
+
+PackedWeightsCheckedOnce::~PackedWeightsCheckedOnce() { --checked_once; }
 
 void release_packed_weights() {
   auto& t = table();

@@ -21,7 +21,9 @@
 // was packed from: autograd's version counter misses edits made through
 // `.data()` (Note [Caches keyed on weights]), so a copy checks the bytes'
 // fingerprint again at its first use after recheck_packed_weights(), which
-// each decoding (TransformerDecoder::init_state) and each encoder pass call.
+// each decoding (TransformerDecoder::init_state) and each encoder pass call
+// (one d2l::generate call counts as one decoding, whatever its batches:
+// PackedWeightsCheckedOnce).
 // Within one decoding an edit through `.data()` is therefore not seen, as
 // for the decoder's caches. Copies of weights that no longer exist are
 // dropped at the next packing; release_packed_weights() drops them all.
@@ -51,8 +53,22 @@ inline constexpr int64_t kPackedMinimumElements = int64_t{1} << 16;
 std::shared_ptr<const PackedWeights> packed_weights(const torch::Tensor& W,
                                                    bool check_bytes = false);
 
-/// Has every packed copy check its weight's bytes again at its next use.
+/// Has every packed copy check its weight's bytes again at its next use
+/// (nothing while a PackedWeightsCheckedOnce lives on this thread).
 void recheck_packed_weights();
+
+/// Rechecks the packed copies now, then, while it lives, makes this thread's
+/// recheck_packed_weights() do nothing: d2l::generate holds one, so that its
+/// batches of sources, each a decoding with its own encoder pass and
+/// init_state, read each weight's bytes once per call rather than once per
+/// batch (240 MB a batch for a base-size Transformer). Nests.
+class PackedWeightsCheckedOnce {
+ public:
+  PackedWeightsCheckedOnce();
+  ~PackedWeightsCheckedOnce();
+  PackedWeightsCheckedOnce(const PackedWeightsCheckedOnce&) = delete;
+  PackedWeightsCheckedOnce& operator=(const PackedWeightsCheckedOnce&) = delete;
+};
 
 /// Drops every packed copy (a later product packs again).
 void release_packed_weights();

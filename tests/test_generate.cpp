@@ -20,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "packed_weights.h"
 #include "seq2seq/generate_tokens.h"
 #include "test_utils.h"
 #include "transformer_models.h"
@@ -613,6 +614,38 @@ TEST(GenerateTokens, BestTokensAreWhatPartialSortGives) {
       }
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Generate, SeesWeightsEditedThroughDataBetweenCalls) {
+  // The packed copies of the weights are checked once per generate call
+  // (PackedWeightsCheckedOnce), not once per batch: an edit through .data()
+  // between two calls still reaches the second, batches and all.
+  torch::manual_seed(17);
+  d2l::TransformerEncoder encoder(30, 32, 32, 32, 32, {32}, 32, 64, 4, 2, 0.0);
+  d2l::TransformerDecoder decoder(30, 32, 32, 32, 32, {32}, 32, 64, 4, 2, 0.0);
+  std::vector<std::vector<int64_t>> sources;
+  for (int64_t i = 0; i < 12; ++i) sources.push_back({4 + i % 20, 5 + i, 6, 2});
+  const auto o =
+      d2l::GenerationOptions().start_id(1).end_id(2).pad_id(0).max_length(8).max_batch_size(5);
+  const auto tokens = [&] {
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& r : d2l::generate(*encoder, *decoder, sources, o)) {
+      out.push_back(r.hypotheses[0].tokens);
+    }
+    return out;
+  };
+  const auto before = tokens();
+  // The output layer's rows reversed: every greedy choice changes.
+  decoder->dense->weight.data().copy_(decoder->dense->weight.flip(0));
+  decoder->dense->bias.data().copy_(decoder->dense->bias.flip(0));
+  const auto after = tokens();
+  d2l::detail::release_packed_weights();
+  EXPECT_EQ(after, tokens());  // what a fresh packing gives
+  EXPECT_NE(after, before);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "attention_weights.h"
 #include "checks.h"
+#include "packed_weights.h"
 #include "seq2seq/generate_setup.h"
 #include "seq2seq/generate_tokens.h"
 
@@ -320,6 +321,8 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
 
   const detail::EvalGuard eval({&encoder_module, &decoder_module});
   torch::NoGradGuard no_grad;
+  // The weights' bytes read once for the whole call (Note [Packed weights]).
+  const detail::PackedWeightsCheckedOnce checked_once;
   // Weights nobody reads are not recorded (Note [Recording attention weights]).
   std::optional<detail::WeightsUnread> unread;
   if (!o.return_attention()) unread.emplace();
