@@ -587,6 +587,14 @@ TEST(Generate, RefusesBadOptionsAndSources) {
               HasSubstr("return_attention needs a d2l::AttentionDecoder"));
 }
 
+TEST(Generate, NoSourcesGiveNoResultsAfterTheOptionsAreChecked) {
+  const auto m = models()[2];
+  EXPECT_TRUE(d2l::generate(*m.encoder, *m.decoder, {}, options(5)).empty());
+  EXPECT_TRUE(d2l::generate(*m.encoder, *m.decoder, {}, options(5).beam_size(4)).empty());
+  EXPECT_THAT(error_message([&] { d2l::generate(*m.encoder, *m.decoder, {}, options(0)); }),
+              HasSubstr("max_length must be positive, got 0"));
+}
+
 }  // namespace
 
 namespace {

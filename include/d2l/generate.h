@@ -107,7 +107,7 @@ struct GenerationResult {
 /// no-grad: modules in training mode are switched to evaluation for the call
 /// and back after it (a model shared by threads must be in evaluation mode
 /// already; generate then changes nothing of it). One result per source, in
-/// order. Without return_attention the modules record no attention weights
+/// order (none for no sources). Without return_attention the modules record no attention weights
 /// during the call (what they recorded before stays): nothing reads them.
 /// Bad options or sources are a c10::Error naming them, before any
 /// computation.

@@ -318,6 +318,8 @@ std::vector<GenerationResult> generate(Encoder& encoder, Decoder& decoder,
               fmt::format("{}: return_attention needs a d2l::AttentionDecoder, got a decoder "
                           "without attention weights",
                           kFn));
+  // No sources (a service's empty batch): no results, the options checked.
+  if (sources.empty()) return {};
 
   const detail::EvalGuard eval({&encoder_module, &decoder_module});
   torch::NoGradGuard no_grad;

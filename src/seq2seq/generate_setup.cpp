@@ -71,7 +71,6 @@ void check_generation_inputs(const char* kFn, const torch::nn::Module& encoder,
                              const torch::nn::Module& decoder,
                              const std::vector<std::vector<int64_t>>& sources,
                              const GenerationOptions& o) {
-  TORCH_CHECK(!sources.empty(), fmt::format("{}: sources is empty", kFn));
   const int64_t source_vocab = rows_of(encoder, "embedding.weight");
   const int64_t target_vocab = rows_of(decoder, "embedding.weight");
   for (size_t i = 0; i < sources.size(); ++i) {
