@@ -215,15 +215,20 @@ void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
 
 namespace {
 
-// Whether gather_rows may write its output into `spare`: a CPU tensor of
-// `sizes` and t's dtype, contiguous, held by one handle whose storage no
-// other tensor (a view, a copy's handle, autograd's saved tensors) shares.
-// A beam's cache keeps the buffers of the state before it as spares; by the
-// next reorder that state is gone and they are free.
+// Whether gather_rows may write its output into the first rows of `spare`:
+// a CPU tensor of t's dtype with at least sizes[0] rows and sizes' other
+// dimensions, contiguous, held by one handle whose storage no other tensor
+// (a view, a copy's handle, autograd's saved tensors) shares. A beam's
+// cache keeps the buffers of the state before it as spares; by the next
+// reorder that state is gone and they are free. Fewer rows than the spare's
+// (a batch whose finished rows were dropped) take its first rows: a fresh
+// buffer costs its pages' first touches (the kernel zeroing each page, a
+// tenth of a base-size beam search's time when every shrink allocated).
 bool reusable_spare(const torch::Tensor& spare, at::IntArrayRef sizes, const torch::Tensor& t) {
   return spare.defined() && spare.device().is_cpu() && spare.scalar_type() == t.scalar_type() &&
-         spare.sizes() == sizes && spare.is_contiguous() && spare.use_count() == 1 &&
-         spare.storage().use_count() == 1 && !spare.requires_grad();
+         spare.dim() == static_cast<int64_t>(sizes.size()) && spare.size(0) >= sizes[0] &&
+         spare.sizes().slice(1) == sizes.slice(1) && spare.is_contiguous() &&
+         spare.use_count() == 1 && spare.storage().use_count() == 1 && !spare.requires_grad();
 }
 
 }  // namespace
@@ -246,7 +251,13 @@ torch::Tensor gather_rows(const torch::Tensor& t, const torch::Tensor& index, in
   }
   auto sizes = t.sizes().vec();
   sizes[0] = R;
-  auto out = reusable_spare(spare, sizes, t) ? spare : torch::empty(sizes, t.options());
+  // Fewer rows are a tensor of their own on the spare's storage, not a view
+  // (a view holds its base, whose storage would then count two holders).
+  auto out =
+      !reusable_spare(spare, sizes, t) ? torch::empty(sizes, t.options())
+      : spare.size(0) == R
+          ? spare
+          : torch::empty({0}, t.options()).set_(spare.storage(), spare.storage_offset(), sizes);
   const auto* from = static_cast<const char*>(t.data_ptr());
   auto* to = static_cast<char*>(out.data_ptr());
   // Rows split between the threads, at least 256 KiB a task: a beam's

@@ -92,9 +92,10 @@ void extend_checked(MultiHeadAttentionImpl& m, MultiHeadAttentionCache& cache,
 /// each row left as it comes); on the CPU for contiguous tensors one
 /// allocation and a copy per row (index_select costs a decoding step several
 /// ATen calls per row), elsewhere index_select. `filled` < 0: all of them.
-/// The output is `spare` where that is a contiguous tensor of its sizes and
-/// options that nothing else refers to (one handle, its storage held by it
-/// alone: reusable_spare), else fresh.
+/// The output is `spare` (its first R rows) where that is a contiguous
+/// tensor of its options with at least R rows and its other sizes that
+/// nothing else refers to (one handle, its storage held by it alone:
+/// reusable_spare), else fresh.
 torch::Tensor gather_rows(const torch::Tensor& t, const torch::Tensor& index, int64_t filled = -1,
                           const torch::Tensor& spare = {});
 

@@ -274,6 +274,34 @@ TEST(MultiHeadAttentionCache, SelectRowsReusesOnlyBuffersNothingElseHolds) {
   EXPECT_NE(fourth.keys().data_ptr(), view.data_ptr());
 }
 
+// Beam search's rows of finished sources dropped: a reorder into fewer rows
+// writes into the first rows of the spare buffers rather than allocating.
+TEST(MultiHeadAttentionCache, SelectRowsIntoFewerRowsReusesTheBuffers) {
+  torch::NoGradGuard no_grad;
+  auto m = cache_module(8, 2, false, torch::kFloat);
+  const auto step = [&](d2l::MultiHeadAttentionCache& c, int64_t rows) {
+    m->extend_cache(c, torch::randn({rows, 1, kKeySize}), torch::randn({rows, 1, kValueSize}));
+  };
+  d2l::MultiHeadAttentionCache cache;
+  step(cache, 6);
+  step(cache, 6);  // 2 keys in buffers of 8
+  std::vector<const void*> data;
+  for (const int64_t rows : {6, 6, 5, 3, 2, 1}) {
+    const auto index = torch::arange(rows, torch::kLong).flip(0) % 4;
+    const auto keys = cache.keys().index_select(0, index);
+    const auto values = cache.values().index_select(0, index);
+    cache = cache.select_rows(index);
+    EXPECT_EQ(cache.keys().size(0), rows);
+    EXPECT_TRUE(torch::equal(cache.keys(), keys)) << rows;
+    EXPECT_TRUE(torch::equal(cache.values(), values)) << rows;
+    data.push_back(cache.keys().data_ptr());
+    step(cache, rows);
+  }
+  // Each reorder writes into the buffer of the one two before it.
+  for (size_t i = 2; i < data.size(); ++i) EXPECT_EQ(data[i], data[i - 2]) << i;
+  EXPECT_NE(data[0], data[1]);
+}
+
 TEST(MultiHeadAttentionCache, DropoutInTrainingDrawsAsForwardDraws) {
   // Small heads (4 features, 3 x 20), then the per-head path (32, 40 x 40).
   for (const auto& [hiddens, n, m_keys] :
