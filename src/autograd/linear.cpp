@@ -13,6 +13,8 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/types.h>
 
+#include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include <d2l/backend.h>
@@ -63,6 +65,29 @@ void rows_over_threads(const torch::Tensor& out, const torch::Tensor& a, const t
 // benchmarks/ct2_table.py decoded one sentence at a time no faster than at
 // 1 before.
 constexpr int64_t kColumnSplitRows = cpu::kFewRows;
+
+// f(t0, t1) over [0, n) in chunks of `chunk` that ATen's threads claim one
+// at a time, each as it finishes its last: a step's products are too short
+// for one fixed share per thread, as the threads do not run at one speed (a
+// VM's vCPUs; the calling thread comes from serial work with other data in
+// its caches). With equal shares, one thread of 2 did 15% more of the
+// base-size decoder's products than the other, which waited at the end of
+// each (benchmarks/ct2_table.py's base size, greedy, batch 32, Zen 3); so
+// the packed kernel's panels are claimed, and decoding took 5% less time.
+// (The few-rows kernel, bound by memory rather than arithmetic, keeps one
+// slice per thread: claimed slices of 64 or 256 columns gained nothing
+// there.) Which thread computes an output does not change its bits.
+template <typename F>
+void claim_over_threads(int64_t n, int64_t chunk, const F& f) {
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(chunks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      f(c * chunk, std::min(n, (c + 1) * chunk));
+    }
+  });
+}
 
 // One thread's share of `columns` output columns, in whole cache lines of
 // out's rows.
@@ -243,8 +268,8 @@ void linear_into(T* out, const T* x, int64_t rows, const torch::Tensor& W, const
         if (at::in_parallel_region() || multiply_adds < kMinMultiplyAdds) {
           run(0, panels);
         } else {
-          const int64_t threads = at::get_num_threads();
-          at::parallel_for(0, panels, (panels + threads - 1) / threads, run);
+          // Groups of the kernel's panels (Note [Packed linear]).
+          claim_over_threads(panels, packed_kernels.group_panels, run);
         }
         return;
       }

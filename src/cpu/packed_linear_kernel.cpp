@@ -187,7 +187,7 @@ void packed_forward(const float* x, int64_t rows, int64_t K, const float* packed
 }  // namespace
 
 const PackedLinearKernels& packed_linear_kernels() {
-  static const PackedLinearKernels table{kPanel, &pack_weights, &packed_forward};
+  static const PackedLinearKernels table{kPanel, kRowPanels, &pack_weights, &packed_forward};
   return table;
 }
 

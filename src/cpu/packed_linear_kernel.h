@@ -15,6 +15,10 @@ struct PackedLinearKernels {
   /// Columns of one panel of packed weights (two vectors of the set's
   /// floats: 16 with AVX2, 32 with AVX-512).
   int64_t panel;
+  /// Panels forward takes together (over each, the tiles of rows; then the
+  /// rows left over across all of them): a range of panels should start at
+  /// a multiple of it.
+  int64_t group_panels;
   /// Packs W (N, K), contiguous, into ceil(N / panel) panels, each (K,
   /// panel) row-major: packed[(p · K + k) · panel + j] = W[p · panel + j][k],
   /// 0 past N.
