@@ -166,7 +166,8 @@ void forward_typed(const HeadInputs<T>& in, double scale, T* wp, T* op) {
   const T *qp = in.q, *kp = in.k, *vp = in.v, *np = in.noise;
   const T sc = static_cast<T>(scale);
   constexpr int64_t S = Vectorized<T>::size();
-  parallel_runs(head_costs(s, L), [&](int64_t t0, int64_t t1) {
+  // Claimed an entry's heads at a time (its keys packed once a claim).
+  claimed_runs(head_costs(s, L), s.heads, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<T> scores, kept, keys_t;
     kept.resize(s.m);
     alignas(64) T weights_row[S];

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 #ifdef D2L_RUNS_ON_STD_THREADS
@@ -68,11 +69,15 @@ std::vector<int64_t> balanced_runs(const std::vector<int64_t>& costs, int64_t pa
 // than the work at the sizes of a seq2seq step, and far more when threads are
 // oversubscribed (LibTorch 2.x wheels bring their own OpenMP runtime beside
 // ours).
-inline std::vector<int64_t> run_bounds(const std::vector<int64_t>& costs) {
+inline int64_t run_count(const std::vector<int64_t>& costs) {
   double total = 0;
   for (const int64_t c : costs) total += static_cast<double>(c);
-  const auto parts = std::clamp<int64_t>(static_cast<int64_t>(total / kGrain), 1,
-                                         std::max(1, at::get_num_threads()));
+  return std::clamp<int64_t>(static_cast<int64_t>(total / kGrain), 1,
+                             std::max(1, at::get_num_threads()));
+}
+
+inline std::vector<int64_t> run_bounds(const std::vector<int64_t>& costs) {
+  const int64_t parts = run_count(costs);
   if (parts == 1) return {0, static_cast<int64_t>(costs.size())};
   return balanced_runs(costs, parts);
 }
@@ -123,6 +128,36 @@ template <typename F>
 void parallel_runs(const std::vector<int64_t>& costs, const F& body) {
   if (costs.empty()) return;
   for_each_run(run_bounds(costs), [&](int64_t, int64_t t0, int64_t t1) { body(t0, t1); });
+}
+
+// body(first, last) over chunks of `chunk` consecutive tasks that the runs
+// (as many as run_count gives, one per thread) claim one at a time, each as
+// it finishes its last: where the threads do not run at one speed (a VM's
+// vCPUs, or the calling thread coming from serial work with other data in
+// its caches), fixed shares of equal cost leave the faster threads waiting.
+// Fewer than two chunks a run leave nothing to even out: then the runs of
+// parallel_runs, split by cost inside chunks. For tasks that write only
+// outputs of their own (no sums across tasks): which thread runs a task
+// does not change its bits.
+template <typename F>
+void claimed_runs(const std::vector<int64_t>& costs, int64_t chunk, const F& body) {
+  const auto n = static_cast<int64_t>(costs.size());
+  if (n == 0) return;
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  const int64_t runs = run_count(costs);
+  if (runs == 1) return body(int64_t{0}, n);
+  if (chunks < 2 * runs)
+    return for_each_run(balanced_runs(costs, runs),
+                        [&](int64_t, int64_t t0, int64_t t1) { body(t0, t1); });
+  std::vector<int64_t> bounds(static_cast<size_t>(runs) + 1);
+  for (int64_t r = 0; r <= runs; ++r) bounds[static_cast<size_t>(r)] = r;
+  std::atomic<int64_t> next{0};
+  for_each_run(bounds, [&](int64_t, int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      body(c * chunk, std::min(n, (c + 1) * chunk));
+    }
+  });
 }
 
 // Sums that come out the same from call to call. Where the tasks of one batch
