@@ -2,7 +2,6 @@
 // growth, their checks against the module, extend_cache and project_memory
 // (Note [Cached keys and values] in multi_head_attention_cache_internal.h).
 
-#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "linear.h"
 #include "multi_head_attention_cache_internal.h"
 #include "packed_weights.h"
+#include "parallel.h"
 
 namespace d2l {
 

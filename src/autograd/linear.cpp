@@ -8,7 +8,6 @@
 // quarter of its forward+backward time at the bench's mid shape, all of it
 // serial. Here each thread calls BLAS on its own slice, one GEMM per thread.
 
-#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/types.h>
@@ -23,6 +22,7 @@
 #include "cpu/packed_linear_kernel.h"
 #include "linear.h"
 #include "packed_weights.h"
+#include "parallel.h"
 #include "select.h"
 
 namespace d2l::detail {

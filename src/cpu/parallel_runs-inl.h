@@ -5,7 +5,7 @@
 // tasks of about equal cost, one per thread, and sums that come out the same
 // from call to call where two runs add into one output.
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <atomic>

@@ -3,7 +3,6 @@
 
 #include "transformer/fused_step.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -15,6 +14,7 @@
 
 #include "linear.h"
 #include "multi_head_attention_cache_internal.h"
+#include "parallel.h"
 #include "select.h"
 #include "transformer/cache.h"
 #include "transformer/fused_parts.h"
