@@ -72,8 +72,10 @@ constexpr int64_t kColumnSplitRows = cpu::kFewRows;
 // VM's vCPUs; the calling thread comes from serial work with other data in
 // its caches). With equal shares, one thread of 2 did 15% more of the
 // base-size decoder's products than the other, which waited at the end of
-// each (benchmarks/ct2_table.py's base size, greedy, batch 32, Zen 3); so
-// the packed kernel's panels are claimed, and decoding took 5% less time.
+// each (benchmarks/ct2_table.py's base size, greedy, batch 32, 2 threads,
+// Zen 3); with the packed kernel's panels claimed, the two did equal shares
+// (and decoding took 5% less time in one A/B, within the VM's noise in
+// another).
 // (The few-rows kernel, bound by memory rather than arithmetic, keeps one
 // slice per thread: claimed slices of 64 or 256 columns gained nothing
 // there.) Which thread computes an output does not change its bits.
